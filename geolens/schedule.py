@@ -1,0 +1,55 @@
+"""Checkpoint schedules: which evaluated epochs get a saved checkpoint.
+
+Spellings: 'every:N' (every N epochs), 'log:K' (K per decade, log-spaced), 'adaptive' or
+'adaptive:MAXGAP' (at every evaluation where test accuracy moved by >= 0.02 or test loss by
+>= 10% since the last checkpoint, and at least every MAXGAP epochs, default 500). Epoch 0 and
+the last epoch are always saved.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from geolens.errors import GeoError
+
+ADAPTIVE_ACC_STEP = 0.02
+ADAPTIVE_LOSS_RATIO = 0.10
+
+
+@dataclass(frozen=True)
+class Schedule:
+    kind: str
+    n: int
+
+    def wants(self, epoch: int, last: dict | None, now: dict) -> bool:
+        """Whether to checkpoint at `epoch`, given metrics at the last checkpoint and now."""
+        if last is None or epoch == 0:
+            return True
+        if self.kind == "every":
+            return epoch % self.n == 0
+        if self.kind == "log":
+            # the next log-spaced target after the last checkpointed epoch
+            prev = max(last["epoch"], 1)
+            target = 10 ** (math.floor(math.log10(prev) * self.n + 1e-9) / self.n + 1 / self.n)
+            return epoch >= target
+        acc_moved = abs(now["test_acc"] - last["test_acc"]) >= ADAPTIVE_ACC_STEP
+        loss_moved = abs(math.log(max(now["test_loss"], 1e-30) / max(last["test_loss"], 1e-30))) >= math.log1p(
+            ADAPTIVE_LOSS_RATIO
+        )
+        return acc_moved or loss_moved or epoch - last["epoch"] >= self.n
+
+
+def parse_schedule(text: str) -> Schedule:
+    """Parse 'every:N', 'log:K' or 'adaptive[:MAXGAP]'."""
+    kind, _, arg = text.partition(":")
+    defaults = {"every": None, "log": None, "adaptive": 500}
+    if kind not in defaults:
+        raise GeoError(f"unknown checkpoint schedule '{text}'; use every:N, log:K or adaptive[:MAXGAP]")
+    try:
+        n = int(arg) if arg else defaults[kind]
+    except ValueError:
+        n = None
+    if n is None or n < 1:
+        raise GeoError(f"checkpoint schedule '{text}' needs a positive integer, e.g. every:100 or log:20")
+    return Schedule(kind, n)
