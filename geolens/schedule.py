@@ -23,21 +23,21 @@ class Schedule:
     n: int
 
     def wants(self, epoch: int, last: dict | None, now: dict) -> bool:
-        """Whether to checkpoint at `epoch`, given metrics at the last checkpoint and now."""
+        """Whether to checkpoint at `epoch`, given the last manifest entry (step + metrics) and metrics now."""
         if last is None or epoch == 0:
             return True
         if self.kind == "every":
             return epoch % self.n == 0
         if self.kind == "log":
             # the next log-spaced target after the last checkpointed epoch
-            prev = max(last["epoch"], 1)
+            prev = max(last["step"], 1)
             target = 10 ** (math.floor(math.log10(prev) * self.n + 1e-9) / self.n + 1 / self.n)
             return epoch >= target
         acc_moved = abs(now["test_acc"] - last["test_acc"]) >= ADAPTIVE_ACC_STEP
         loss_moved = abs(math.log(max(now["test_loss"], 1e-30) / max(last["test_loss"], 1e-30))) >= math.log1p(
             ADAPTIVE_LOSS_RATIO
         )
-        return acc_moved or loss_moved or epoch - last["epoch"] >= self.n
+        return acc_moved or loss_moved or epoch - last["step"] >= self.n
 
 
 def parse_schedule(text: str) -> Schedule:

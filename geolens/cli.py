@@ -1,0 +1,90 @@
+"""The `geolens` command line: train, info (analyze and probe arrive with the analysis layer)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from geolens.config import make_config, parse_override
+from geolens.errors import GeoError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Grokking geometry toolkit.")
+console = Console()
+err = Console(stderr=True)
+
+
+@app.command()
+def train(
+    out: Path = typer.Option(..., help="Run directory to create (refused if it exists, unless --resume/--force)."),
+    preset: str = typer.Option("fb", help="ln, rms, none, sphere, fb, sphere_raw; modifiers +uniform, +fourier."),
+    task: Optional[str] = typer.Option(None, help="add, sub, mul (Z_p) or perm (S_n)."),
+    p: Optional[int] = typer.Option(None, help="Modulus (prime) for Z_p tasks."),
+    seed: Optional[int] = typer.Option(None, help="Initialisation seed."),
+    data_seed: Optional[int] = typer.Option(None, help="Seed of the train/test split."),
+    lr: Optional[float] = typer.Option(None, help="AdamW learning rate."),
+    wd: Optional[float] = typer.Option(None, help="Weight decay (on all parameters)."),
+    epochs: Optional[int] = typer.Option(None, help="Number of full-batch epochs."),
+    frac: Optional[float] = typer.Option(None, help="Training fraction of all pairs."),
+    eval_every: Optional[int] = typer.Option(None, help="Evaluate every N epochs."),
+    checkpoints: Optional[str] = typer.Option(None, help="every:N | log:K | adaptive[:MAXGAP]."),
+    early_stop: Optional[int] = typer.Option(None, help="Stop N epochs after test accuracy stays >= 0.99."),
+    set_: list[str] = typer.Option([], "--set", help="Override any config field: --set d_mlp=256 (repeatable)."),
+    resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint."),
+    force: bool = typer.Option(False, help="Replace an existing run in --out."),
+    quiet: bool = typer.Option(False, help="No progress bar."),
+) -> None:
+    """Train one run and write its run directory."""
+    from geolens import train as training
+
+    named = dict(task=task, p=p, seed=seed, data_seed=data_seed, lr=lr, weight_decay=wd, epochs=epochs,
+                 frac_train=frac, eval_every=eval_every, checkpoints=checkpoints, early_stop_after=early_stop)
+    overrides = {k: v for k, v in named.items() if v is not None}
+    overrides.update(dict(parse_override(s) for s in set_))
+    if resume:
+        if force:
+            raise GeoError("--resume and --force contradict each other; choose one")
+        result = training.resume(out, progress=not quiet, **overrides)
+    else:
+        cfg = make_config(preset, **overrides)
+        result = training.train(cfg, out, force=force, progress=not quiet)
+    _print_summary(result.path)
+
+
+@app.command()
+def info(run: Path = typer.Option(..., help="Run directory.")) -> None:
+    """Summarise a run: config, progress, onset events, checkpoints."""
+    _print_summary(run)
+
+
+def _print_summary(path: Path) -> None:
+    from geolens.run import load_run
+
+    table = Table(show_header=False, title=str(path))
+    for key, value in load_run(path).summary().items():
+        if value is not None:
+            table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    console.print(table)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except GeoError as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except (typer.Exit, SystemExit) as e:
+        sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
+    except Exception as e:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(1)
+        raise

@@ -1,0 +1,103 @@
+"""`load_run(path)`: a trained run as a Python object (config, metrics, steps, models, dataset)."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from geolens.config import GeoConfig
+from geolens.errors import GeoError
+from geolens.model import GeoTransformer
+from geolens.storage import RunDir, read_json, read_metrics
+from geolens.tasks import Dataset, make_dataset
+
+
+class Run:
+    """A run directory, read lazily. `steps` are the checkpointed epochs, ascending."""
+
+    def __init__(self, path: str | Path):
+        self.dir = RunDir(path)
+        self.header: dict[str, Any] = self.dir.read_header()
+        self.config = GeoConfig.from_dict(self.header["config"])
+
+    @property
+    def path(self) -> Path:
+        return self.dir.path
+
+    @cached_property
+    def metrics(self) -> list[dict[str, float]]:
+        """One dict per evaluation (columns: storage.METRIC_COLUMNS)."""
+        return read_metrics(self.dir.metrics_csv)
+
+    @property
+    def events(self) -> dict[str, Any]:
+        return read_json(self.dir.events_json) if self.dir.events_json.exists() else {}
+
+    @property
+    def manifest(self) -> list[dict[str, Any]]:
+        return self.dir.read_manifest()
+
+    @property
+    def steps(self) -> list[int]:
+        return [m["step"] for m in self.manifest]
+
+    @cached_property
+    def dataset(self) -> Dataset:
+        return make_dataset(self.config)
+
+    def nearest_step(self, step: int) -> int:
+        """The checkpointed epoch closest to `step` (ties go to the earlier one)."""
+        steps = self.steps
+        if not steps:
+            raise GeoError(f"{self.path} has no checkpoints yet ({self.dir.manifest_json} is empty or missing)")
+        return min(steps, key=lambda s: (abs(s - step), s))
+
+    def model_at(self, step: int) -> GeoTransformer:
+        """The model at checkpointed epoch `step` (use nearest_step for any other epoch)."""
+        if step not in self.steps:
+            raise GeoError(
+                f"{self.path} has no checkpoint at epoch {step}; the nearest is {self.nearest_step(step)} "
+                "(see run.steps)"
+            )
+        model = GeoTransformer(self.config)
+        state = self.dir.load_checkpoint(step)
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as e:
+            raise GeoError(f"checkpoint {self.dir.ckpt_path(step)} does not match the run's config: {e}") from None
+        return model.eval()
+
+    def summary(self) -> dict[str, Any]:
+        """What `geolens info` prints."""
+        rows = self.metrics if self.dir.metrics_csv.exists() else []
+        last = rows[-1] if rows else {}
+        timing = self.header.get("timing", {})
+        return {
+            "path": str(self.path),
+            "preset": self.config.preset,
+            "task": self.config.task,
+            "p": self.config.p if self.config.task != "perm" else None,
+            "n_perm": self.config.n_perm if self.config.task == "perm" else None,
+            "seed": self.config.seed,
+            "data_seed": self.config.data_seed,
+            "lr": self.config.lr,
+            "weight_decay": self.config.weight_decay,
+            "status": self.header.get("status"),
+            "engine": self.header.get("engine"),
+            "split": f"{self.header.get('n_train')} train / {self.header.get('n_test')} test",
+            "last_epoch": last.get("epoch"),
+            "train_acc": last.get("train_acc"),
+            "test_acc": last.get("test_acc"),
+            "test_loss": last.get("test_loss"),
+            "onset_095": self.events.get("onset_095"),
+            "sustained_099": self.events.get("sustained_099"),
+            "stop_reason": self.events.get("stop_reason"),
+            "checkpoints": len(self.steps),
+            "ms_per_epoch": round(timing["ms_per_epoch"], 2) if "ms_per_epoch" in timing else None,
+        }
+
+
+def load_run(path: str | Path) -> Run:
+    """Open a run directory written by `geolens train`."""
+    return Run(path)

@@ -1,0 +1,233 @@
+"""Full-batch AdamW training with evaluation, onset events and dense checkpoint trajectories.
+
+Epoch e means "after e optimizer steps". At every evaluated epoch the training forward of that
+state gives the train loss/accuracy and the gradient norm, a no-grad forward gives the test
+metrics. A checkpoint (weights) is written when the schedule asks; the resume state (weights +
+AdamW state) is rewritten at every checkpoint so `resume` continues bit-identically.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from geolens.config import GeoConfig
+from geolens.errors import GeoError
+from geolens.model import GeoTransformer
+from geolens.progress import TrainProgress
+from geolens.schedule import parse_schedule
+from geolens.storage import RunDir, package_versions, read_metrics, write_metrics, atomic_write_json
+from geolens.tasks import make_dataset
+
+ONSET_ACC = 0.95
+SUSTAINED_ACC = 0.99
+RESUMABLE_FIELDS = ("epochs", "early_stop_after")
+
+
+# ---- engine selection ------------------------------------------------------------------------
+def select_forward(model: GeoTransformer) -> tuple[str, Callable[[Tensor], Tensor], str]:
+    """(engine name, forward(tokens) -> logits, why). 'auto' takes the fast path when it supports the model."""
+    cfg = model.cfg
+    if cfg.engine == "hooked":
+        return "hooked", model, "engine=hooked requested"
+    from geolens.fast import fast_logits, fast_unsupported_reason
+
+    reason = fast_unsupported_reason(cfg)
+    if reason is None:
+        return "fast", lambda tokens: fast_logits(model, tokens), "fast path supports this model"
+    if cfg.engine == "fast":
+        raise GeoError(f"engine=fast cannot run this model: {reason}; use --set engine=auto or engine=hooked")
+    return "hooked", model, f"fast path unsupported ({reason}); using the hooked forward"
+
+
+# ---- events ----------------------------------------------------------------------------------
+def onset_events(rows: list[dict]) -> dict[str, int | None]:
+    """onset_095: first evaluated epoch with test acc > 0.95; sustained_099: first epoch after which
+    every evaluation has test acc >= 0.99 (None if the last one is below)."""
+    onset = next((r["epoch"] for r in rows if r["test_acc"] > ONSET_ACC), None)
+    sustained = None
+    for r in rows:
+        if r["test_acc"] >= SUSTAINED_ACC:
+            sustained = r["epoch"] if sustained is None else sustained
+        else:
+            sustained = None
+    return {"onset_095": onset, "sustained_099": sustained}
+
+
+# ---- optimizer state (de)serialisation -----------------------------------------------------
+def optimizer_tensors(model: GeoTransformer, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
+    out = {}
+    for name, param in model.named_parameters():
+        for key, value in opt.state.get(param, {}).items():
+            out[f"opt.{name}.{key}"] = value if isinstance(value, Tensor) else torch.tensor(value)
+    return out
+
+
+def load_optimizer_tensors(model: GeoTransformer, opt: torch.optim.Optimizer, tensors: dict[str, Tensor]) -> None:
+    for name, param in model.named_parameters():
+        prefix = f"opt.{name}."
+        state = {k[len(prefix) :]: v.clone() for k, v in tensors.items() if k.startswith(prefix)}
+        if state:
+            opt.state[param] = state
+
+
+def make_optimizer(model: GeoTransformer) -> torch.optim.AdamW:
+    cfg = model.cfg
+    return torch.optim.AdamW(
+        model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
+    )
+
+
+# ---- the loop --------------------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    path: Path
+    rows: list[dict]
+    events: dict
+    engine: str
+
+
+def train(cfg: GeoConfig, out: str | Path, force: bool = False, progress: bool = True) -> TrainResult:
+    """Train a new run into `out` (refused if it exists, unless force)."""
+    run = RunDir(out)
+    run.prepare_new(force)
+    model = GeoTransformer(cfg)
+    opt = make_optimizer(model)
+    return _loop(run, model, opt, start=0, rows=[], manifest=[], progress=progress)
+
+
+def resume(out: str | Path, progress: bool = True, **changes) -> TrainResult:
+    """Continue a run from its resume state; only `epochs` and `early_stop_after` may change."""
+    run = RunDir(out)
+    header = run.read_header()
+    bad = sorted(set(changes) - set(RESUMABLE_FIELDS))
+    if bad:
+        raise GeoError(f"--resume cannot change {bad}; only {list(RESUMABLE_FIELDS)} may change (start a new run instead)")
+    cfg = GeoConfig.from_dict({**header["config"], **changes})
+    from geolens.storage import load_tensors
+
+    if not run.resume_file.exists():
+        raise GeoError(f"{run.resume_file} is missing: the run has no checkpoint to resume from; retrain with --force")
+    state = load_tensors(run.resume_file)
+    model = GeoTransformer(cfg)
+    model.load_state_dict({k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
+    opt = make_optimizer(model)
+    load_optimizer_tensors(model, opt, state)
+    step = int(state["epoch"].item())
+    if step >= cfg.epochs:
+        raise GeoError(f"{run.path} is already at epoch {step}; pass --epochs N with N > {step} to extend it")
+    rows = [r for r in read_metrics(run.metrics_csv) if r["epoch"] <= step]
+    manifest = [m for m in run.read_manifest() if m["step"] <= step]
+    return _loop(run, model, opt, start=step, rows=rows, manifest=manifest, progress=progress, resumed=True)
+
+
+def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progress: bool, resumed: bool = False):
+    cfg = model.cfg
+    torch.manual_seed(cfg.seed)
+    data = make_dataset(cfg)
+    train_x, train_y = data.train
+    test_x, test_y = data.test
+    engine, forward, why = select_forward(model)
+    schedule = parse_schedule(cfg.checkpoints)
+    last_ckpt = manifest[-1] if manifest else None
+    header = {
+        "config": cfg.to_dict(),
+        "versions": package_versions(),
+        "engine": engine,
+        "engine_reason": why,
+        "n_train": len(train_y),
+        "n_test": len(test_y),
+        "status": "running",
+    }
+    prev_timing = run.read_header().get("timing", {}) if resumed else {}
+    timing = {"train_s": prev_timing.get("train_s", 0.0), "eval_s": prev_timing.get("eval_s", 0.0),
+              "ckpt_s": prev_timing.get("ckpt_s", 0.0), "epochs_timed": prev_timing.get("epochs_timed", 0)}
+    run.write_header({**header, "timing": timing})
+    bar = TrainProgress(cfg.epochs, start, enabled=progress, label=f"{cfg.preset or cfg.norm} {cfg.task} p={cfg.p}")
+    stop_reason = "completed"
+    t_start = time.perf_counter() - (rows[-1]["elapsed_s"] if rows else 0.0)
+    epoch = start
+    with bar:
+        while True:
+            t0 = time.perf_counter()
+            logits = forward(train_x)
+            loss = F.cross_entropy(logits, train_y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            t1 = time.perf_counter()
+            timing["train_s"] += t1 - t0
+            if (epoch % cfg.eval_every == 0 or epoch == cfg.epochs) and not (resumed and epoch == start):
+                row = _evaluate(model, forward, epoch, loss, logits, train_y, test_x, test_y, t1 - t_start)
+                rows.append(row)
+                t2 = time.perf_counter()
+                timing["eval_s"] += t2 - t1
+                events = onset_events(rows)
+                done = epoch >= cfg.epochs
+                if (
+                    cfg.early_stop_after is not None
+                    and events["sustained_099"] is not None
+                    and epoch - events["sustained_099"] >= cfg.early_stop_after
+                ):
+                    done, stop_reason = True, "early_stop"
+                if done or schedule.wants(epoch, last_ckpt, row):
+                    _checkpoint(run, model, opt, epoch, rows, manifest, events, header, timing)
+                    last_ckpt = manifest[-1]
+                timing["ckpt_s"] += time.perf_counter() - t2
+                bar.update(epoch, row)
+                if done:
+                    break
+            t3 = time.perf_counter()
+            opt.step()
+            timing["train_s"] += time.perf_counter() - t3
+            timing["epochs_timed"] += 1
+            epoch += 1
+    events = {**onset_events(rows), "stop_reason": stop_reason, "final_epoch": rows[-1]["epoch"] if rows else start,
+              "eval_every": cfg.eval_every}
+    atomic_write_json(run.events_json, events)
+    timing["ms_per_epoch"] = 1000 * timing["train_s"] / max(timing["epochs_timed"], 1)
+    run.write_header({**header, "status": "finished", "stop_reason": stop_reason, "timing": timing})
+    return TrainResult(run.path, rows, events, engine)
+
+
+@torch.no_grad()
+def _evaluate(model, forward, epoch, loss, logits, train_y, test_x, test_y, elapsed) -> dict:
+    test_logits = forward(test_x)
+    test_loss = F.cross_entropy(test_logits, test_y).item()
+    params = [p for p in model.parameters()]
+    weight_norm = math.sqrt(sum(float(p.pow(2).sum()) for p in params))
+    grad_norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params if p.grad is not None))
+    return {
+        "epoch": epoch,
+        "train_loss": loss.item(),
+        "train_acc": (logits.argmax(-1) == train_y).float().mean().item(),
+        "test_loss": test_loss,
+        "test_acc": (test_logits.argmax(-1) == test_y).float().mean().item(),
+        "weight_norm": weight_norm,
+        "grad_norm": grad_norm,
+        "max_abs_logit": max(logits.abs().max().item(), test_logits.abs().max().item()),
+        "elapsed_s": elapsed,
+    }
+
+
+def _checkpoint(run: RunDir, model, opt, epoch, rows, manifest, events, header, timing) -> None:
+    """Write metrics, the step's weights, the manifest, then the resume state (in that order, so
+    everything a resume state refers to is on disk before it)."""
+    from geolens.storage import save_tensors
+
+    write_metrics(run.metrics_csv, rows)
+    atomic_write_json(run.events_json, {**events, "eval_every": model.cfg.eval_every})
+    row = rows[-1]
+    info = {k: row[k] for k in ("train_loss", "train_acc", "test_loss", "test_acc")}
+    run.save_checkpoint(epoch, model.state_dict(), manifest, info)
+    state = {f"model.{k}": v for k, v in model.state_dict().items()}
+    state.update(optimizer_tensors(model, opt))
+    state["epoch"] = torch.tensor(epoch)
+    save_tensors(run.resume_file, state)
+    run.write_header({**header, "timing": timing})

@@ -1,0 +1,192 @@
+"""GeoTransformer: hook names, geometric invariants, and equality with the paper's equations."""
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformer_lens.ActivationCache import ActivationCache
+
+from geolens.config import GeoConfig, make_config
+from geolens.model import GeoTransformer
+from geolens.tasks import make_dataset
+
+SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64)
+
+
+def tokens_for(cfg, n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ab = torch.randint(0, cfg.n_classes, (n, 2), generator=g)
+    return torch.cat([ab, torch.full((n, 1), cfg.n_classes)], dim=1)
+
+
+# ---- an independent implementation of the paper's forward equations ---------------------------
+def paper_norm(kind, x, module, cfg):
+    if kind == "layernorm":
+        return F.layer_norm(x, (x.shape[-1],), module.w, module.b, eps=cfg.ln_eps)
+    if kind == "rmsnorm":
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_eps) * module.w
+    if kind == "sphere":
+        return x / x.norm(dim=-1, keepdim=True).clamp_min(cfg.sphere_eps)
+    return x
+
+
+def paper_forward(model, tokens):
+    """h = N1(E[x] + P); h = N2(h + Attn(h)); h = N3(h + MLP(h)); logits = f(h[:, 2])."""
+    cfg = model.cfg
+    B, L = tokens.shape
+    H, Dh, D = cfg.n_heads, cfg.d_head, cfg.d_model
+    h = model.embed.W_E[tokens] + model.pos_embed.W_pos[:L]
+    h = paper_norm(cfg.norm, h, model.embed_norm, cfg)
+    for blk in model.blocks:
+        a = blk.attn
+        # HookedTransformer layout [H, D, Dh] -> one (D, H*Dh) projection, as nn.Linear would do it
+        q = (h @ a.W_Q.permute(1, 0, 2).reshape(D, H * Dh)).view(B, L, H, Dh).transpose(1, 2)
+        k = (h @ a.W_K.permute(1, 0, 2).reshape(D, H * Dh)).view(B, L, H, Dh).transpose(1, 2)
+        v = (h @ a.W_V.permute(1, 0, 2).reshape(D, H * Dh)).view(B, L, H, Dh).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(Dh)
+        if cfg.attention == "uniform":
+            scores = torch.zeros_like(scores)
+        if cfg.causal:
+            scores = scores.masked_fill(torch.ones(L, L).triu(1).bool(), float("-inf"))
+        mixed = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(B, L, H * Dh)
+        h = paper_norm(cfg.norm, h + mixed @ a.W_O.reshape(H * Dh, D), blk.attn_norm, cfg)
+        m = blk.mlp
+        h = paper_norm(cfg.norm, h + torch.relu(h @ m.W_in + m.b_in) @ m.W_out + m.b_out, blk.mlp_norm, cfg)
+    out = h[:, -1]
+    W_U = model.unembed.W_U
+    if cfg.unembed == "bounded":
+        return cfg.tau * out @ F.normalize(W_U, dim=0)
+    return out @ W_U
+
+
+VARIANTS = list(itertools.product(["none", "layernorm", "rmsnorm", "sphere"], ["raw", "bounded"], ["learned", "uniform"]))
+
+
+@pytest.mark.parametrize("norm,unembed,attention", VARIANTS)
+def test_equals_paper_equations(norm, unembed, attention):
+    cfg = GeoConfig(norm=norm, unembed=unembed, attention=attention, seed=3, **SMALL)
+    model = GeoTransformer(cfg)
+    with torch.no_grad():  # move norm gains/offsets away from 1/0 so they are exercised
+        for name, p in model.named_parameters():
+            if name.endswith((".w", ".b")):
+                p.add_(0.3 * torch.randn_like(p))
+    tokens = tokens_for(cfg)
+    diff32 = (model(tokens) - paper_forward(model, tokens)).abs().max().item()
+    scale = paper_forward(model, tokens).abs().max().item()
+    assert diff32 <= 1e-5 * max(1.0, scale)  # float32: equal up to rounding
+    model.double()
+    assert (model(tokens) - paper_forward(model, tokens)).abs().max().item() <= 1e-5 * 1e-3  # float64: exact
+
+
+@pytest.mark.parametrize("extra", [dict(causal=True), dict(n_layers=2), dict(init="tl"), dict(task="perm", n_perm=4)])
+def test_equals_paper_equations_other_settings(extra):
+    cfg = GeoConfig(norm="layernorm", **{**SMALL, **extra})
+    model = GeoTransformer(cfg)
+    tokens = tokens_for(cfg)
+    assert (model(tokens) - paper_forward(model, tokens)).abs().max().item() <= 1e-5
+
+
+def test_hook_names_complete():
+    model = GeoTransformer(make_config("fb", **SMALL))
+    block = [
+        "hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores",
+        "attn.hook_pattern", "attn.hook_z", "hook_attn_out", "attn_norm.hook_scale",
+        "attn_norm.hook_normalized", "hook_resid_mid", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out",
+        "mlp_norm.hook_scale", "mlp_norm.hook_normalized", "hook_resid_post",
+    ]
+    expected = (
+        ["hook_embed", "hook_pos_embed", "embed_norm.hook_scale", "embed_norm.hook_normalized"]
+        + [f"blocks.0.{h}" for h in block]
+        + ["unembed.hook_in", "unembed.hook_scores", "unembed.hook_logits"]
+    )
+    assert sorted(model.hook_dict) == sorted(expected)
+    _, cache = model.run_with_cache(tokens_for(model.cfg, 8))
+    assert list(cache.keys()) == expected  # in execution order
+    raw = GeoTransformer(make_config("ln", **SMALL))
+    assert "unembed.hook_scores" not in raw.hook_dict and "unembed.hook_logits" in raw.hook_dict
+
+
+def test_parameter_names_and_shapes_follow_hooked_transformer():
+    cfg = make_config("ln", **SMALL)
+    shapes = {k: tuple(v.shape) for k, v in GeoTransformer(cfg).state_dict().items()}
+    D, H, Dh, M = cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_mlp
+    assert shapes["embed.W_E"] == (cfg.p + 1, D)
+    assert shapes["pos_embed.W_pos"] == (3, D)
+    for w in ("W_Q", "W_K", "W_V"):
+        assert shapes[f"blocks.0.attn.{w}"] == (H, D, Dh)
+    assert shapes["blocks.0.attn.W_O"] == (H, Dh, D)
+    assert shapes["blocks.0.mlp.W_in"] == (D, M) and shapes["blocks.0.mlp.W_out"] == (M, D)
+    assert shapes["unembed.W_U"] == (D, cfg.p)
+    assert not any("b_Q" in k or "b_U" in k for k in shapes)  # the paper's model has no such biases
+
+
+def test_sphere_residual_norm_is_one_at_every_projected_hook():
+    model = GeoTransformer(make_config("fb", **SMALL))
+    _, cache = model.run_with_cache(tokens_for(model.cfg))
+    projected = [k for k in cache.keys() if k.endswith(("hook_normalized", "resid_pre", "resid_mid", "resid_post"))]
+    assert len(projected) == 6
+    for name in projected:
+        norms = cache[name].norm(dim=-1)
+        assert torch.allclose(norms, torch.ones_like(norms), atol=1e-6), name
+    assert not torch.allclose(cache["hook_embed"].norm(dim=-1), torch.ones(1))  # the input was not unit norm
+
+
+def test_uniform_attention_pattern_is_exactly_one_over_n_ctx():
+    model = GeoTransformer(make_config("ln+uniform", **SMALL))
+    _, cache = model.run_with_cache(tokens_for(model.cfg))
+    pattern = cache["blocks.0.attn.hook_pattern"]
+    assert pattern.shape[1:] == (4, 3, 3)
+    assert torch.equal(pattern, torch.full_like(pattern, 1 / 3))
+    assert torch.equal(cache["blocks.0.attn.hook_attn_scores"], torch.zeros_like(pattern))
+
+
+@pytest.mark.parametrize("preset", ["fb", "sphere", "fb+uniform"])
+def test_bounded_logits_within_tau(preset):
+    model = GeoTransformer(make_config(preset, **SMALL))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(5.0)  # large weights must not break the bound
+    logits, cache = model.run_with_cache(tokens_for(model.cfg, 256))
+    assert logits.abs().max() <= model.cfg.tau + 1e-5
+    assert torch.allclose(cache["unembed.hook_logits"], model.cfg.tau * cache["unembed.hook_scores"])
+    assert cache["unembed.hook_scores"].abs().max() <= 1 + 1e-6
+
+
+def test_run_with_cache_gives_activation_cache_and_hooks_can_patch():
+    model = GeoTransformer(make_config("fb", **SMALL))
+    tokens = tokens_for(model.cfg, 16)
+    _, cache = model.run_with_cache(tokens)
+    assert isinstance(cache, ActivationCache)
+    assert cache["blocks.0.mlp.hook_post"].shape == (16, 3, model.cfg.d_mlp)
+    zeroed = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_mlp_out", lambda x, hook: torch.zeros_like(x))])
+    assert not torch.allclose(zeroed, model(tokens))
+
+
+def test_fourier_init_writes_cos_sin_columns():
+    cfg = make_config("fb+fourier", p=113)
+    W_E = GeoTransformer(cfg).embed.W_E
+    x = torch.arange(113, dtype=torch.float64)
+    for i, k in enumerate(cfg.fourier_init):
+        assert torch.allclose(W_E[:113, 2 * i].double(), torch.cos(2 * math.pi * k * x / 113), atol=1e-6)
+        assert torch.allclose(W_E[:113, 2 * i + 1].double(), torch.sin(2 * math.pi * k * x / 113), atol=1e-6)
+    assert not torch.allclose(W_E[113, :2], torch.tensor([1.0, 0.0]))  # `=` keeps its random row
+
+
+def test_init_is_seeded_and_follows_the_paper():
+    cfg = make_config("ln", seed=5)
+    a, b = GeoTransformer(cfg), GeoTransformer(cfg)
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    c = GeoTransformer(cfg.replace(seed=6))
+    assert not torch.equal(a.embed.W_E, c.embed.W_E)
+    assert abs(a.embed.W_E.std().item() - 1.0) < 0.05  # nn.Embedding: N(0, 1)
+    bound = 1 / math.sqrt(cfg.d_model)  # nn.Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    assert a.blocks[0].attn.W_Q.abs().max() <= bound and a.blocks[0].attn.W_Q.abs().max() > 0.95 * bound
+    assert a.blocks[0].mlp.W_out.abs().max() <= 1 / math.sqrt(cfg.d_mlp)
+
+
+def test_model_runs_on_the_dataset():
+    cfg = make_config("rms", **SMALL)
+    x, y = make_dataset(cfg).train
+    assert GeoTransformer(cfg)(x).shape == (len(y), cfg.p)
