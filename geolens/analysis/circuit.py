@@ -1,0 +1,232 @@
+"""Circuit views at the `=` position: direct logit attribution, attention onto (a, b, =),
+embedding circles, and a circuitsvis attention view for notebooks.
+
+Direct logit attribution in a POST-norm model
+---------------------------------------------
+geolens models normalise after every sublayer and the normalised value replaces the residual
+stream, so nothing reaches the logits without passing through the last norm (and, for the
+embedding and the heads, through the earlier ones). The attribution here is defined on the
+**final normalised residual stream at `=`** (blocks.{L-1}.hook_resid_post[:, -1]): it is split
+into direct-path components (normalised embedding+positional vector, each head's z_h W_O^h,
+each MLP layer's sum of neuron writes, and one 'bias' component for b_out and LayerNorm offsets),
+pushing each component through every later norm with that norm's *actual* scale for the input
+(the scale read from hook_scale is frozen, so each norm acts linearly: LayerNorm centres, divides
+by the scale and multiplies by w; RMSNorm divides and multiplies by w; the sphere divides by
+||x||). The components then add up exactly to the final normalised residual stream. The
+embedding path is taken after the first norm (embed_norm is not linearised: the tokens a and b
+reach `=` only through attention, so the `=` embedding is constant anyway).
+
+Each component is scored by (score of the correct class) - (mean score of the other classes).
+Raw readouts score in logit units. Bounded readouts score in the **normalised space**:
+score = h . W_U[:, c] / ||W_U[:, c]|| = logit / tau (a cosine when h is on the sphere).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from geolens.analysis.fourier import cos_index, fourier_basis, sin_index
+from geolens.analysis.threads import single_thread
+from geolens.config import GeoConfig
+
+
+# ---- direct logit attribution --------------------------------------------------------------------
+def readout_directions(model, cfg: GeoConfig) -> Float[Tensor, "d_model C"]:
+    """What the final residual stream is read against: W_U (raw) or unit-norm W_U columns (bounded)."""
+    W = model.unembed.W_U.detach()
+    if cfg.unembed == "bounded":
+        W = W / W.norm(dim=0, keepdim=True).clamp_min(1e-12)
+    return W
+
+
+def logit_diff_directions(W: Float[Tensor, "d_model C"]) -> Float[Tensor, "d_model C"]:
+    """Column y: W[:, y] minus the mean of the other columns, so h . D[:, y] = score_y - mean others."""
+    C = W.shape[1]
+    return W - (W.sum(1, keepdim=True) - W) / (C - 1)
+
+
+def _norm_linear(cfg: GeoConfig, norm, x: Tensor, scale: Tensor | None) -> Tensor:
+    """The linear part of a post-norm at a frozen per-input scale [N, 1] (or 1), applied to x."""
+    if cfg.norm == "layernorm":
+        return (x - x.mean(-1, keepdim=True)) / scale * norm.w.detach()
+    if cfg.norm == "rmsnorm":
+        return x / scale * norm.w.detach()
+    if cfg.norm == "sphere":
+        return x / scale
+    return x
+
+
+def _norm_linear_T(cfg: GeoConfig, norm, g: Tensor, scale: Tensor | None) -> Tensor:
+    """Transpose of _norm_linear: pulls a readout direction g back through the norm, so that
+    _norm_linear(x) . g == x . _norm_linear_T(g) for every x (LayerNorm's centring is symmetric)."""
+    if cfg.norm == "layernorm":
+        h = g * norm.w.detach() / scale
+        return h - h.mean(-1, keepdim=True)
+    if cfg.norm == "rmsnorm":
+        return g * norm.w.detach() / scale
+    if cfg.norm == "sphere":
+        return g / scale
+    return g
+
+
+def _offset_score(cfg: GeoConfig, norm, g: Tensor) -> Tensor:
+    """Score of the norm's additive offset (LayerNorm b) along g: [N] (0 for other norms)."""
+    if cfg.norm == "layernorm":
+        return g @ norm.b.detach()
+    return torch.zeros(g.shape[0], dtype=g.dtype)
+
+
+@dataclass
+class DLAResult:
+    """Direct logit attribution at `=` for every input (see the module docstring).
+
+    units:      'logit' or the normalised-space description (bounded readouts)
+    components: name -> [N] score per input ('embed_pos', 'L{l}H{h}', 'mlp_L{l}', 'bias')
+    neurons:    [d_mlp] mean score of each neuron of the last MLP (they sum to the mean of its
+                mlp component)
+    total:      [N] sum of the components; actual: [N] score of the real final residual stream
+    """
+
+    units: str
+    components: dict[str, Tensor]
+    neurons: Tensor
+    total: Tensor
+    actual: Tensor
+    neurons_per_input: Tensor | None = None
+    attribution_point: str = "final normalised residual stream at `=` (post-norm; norms linearised at their actual scale)"
+
+    def means(self) -> dict[str, float]:
+        return {name: float(v.mean()) for name, v in self.components.items()}
+
+    @property
+    def recon_error(self) -> float:
+        """Largest |total - actual| (rounding only: the decomposition is exact)."""
+        return float((self.total - self.actual).abs().max())
+
+
+def direct_logit_attribution(
+    model, cfg: GeoConfig, cache, labels: Int[Tensor, "N"], per_input_neurons: bool = False
+) -> DLAResult:
+    """Direct logit attribution of the correct-class score at `=` for every input of the cache.
+
+    cache: ActivationCache of model.run_with_cache(tokens) (the `=` position is read as [:, -1],
+    so a cache narrowed to that position works too); labels: [N] correct classes.
+
+    Instead of pushing every component forward through the norms, the per-input score direction
+    (correct column minus mean of the others) is pulled back through each norm once
+    (_norm_linear_T) and every component is dotted with the direction valid where it enters the
+    residual stream; the two are equal because each frozen norm is linear.
+    per_input_neurons=True also returns the [N, d_mlp] per-input neuron scores (memory heavy).
+    """
+    D = logit_diff_directions(readout_directions(model, cfg))
+    g = D.T[labels]  # [N, d_model] direction of the score at the final residual stream
+    N = labels.shape[0]
+    scale = lambda name: None if cfg.norm == "none" else cache[name][:, -1]  # noqa: E731  [N, 1]
+    actual = (cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"][:, -1] * g).sum(-1)
+
+    comps: dict[str, Tensor] = {}
+    bias = torch.zeros(N, dtype=g.dtype)
+    for l in reversed(range(cfg.n_layers)):
+        block = model.blocks[l]
+        # x2 = mlp_norm(x1 + mlp_out): mlp_out (and b_out) enter before mlp_norm
+        bias = bias + _offset_score(cfg, block.mlp_norm, g)
+        g = _norm_linear_T(cfg, block.mlp_norm, g, scale(f"blocks.{l}.mlp_norm.hook_scale"))
+        b_out = block.mlp.b_out.detach()
+        comps[f"mlp_L{l}"] = (cache[f"blocks.{l}.hook_mlp_out"][:, -1] * g).sum(-1) - g @ b_out
+        bias = bias + g @ b_out
+        # x1 = attn_norm(resid_pre + heads)
+        bias = bias + _offset_score(cfg, block.attn_norm, g)
+        g = _norm_linear_T(cfg, block.attn_norm, g, scale(f"blocks.{l}.attn_norm.hook_scale"))
+        z = cache[f"blocks.{l}.attn.hook_z"][:, -1]  # [N, H, d_head]
+        W_O = block.attn.W_O.detach()  # [H, d_head, d_model]
+        head_dirs = torch.einsum("hed,nd->nhe", W_O, g)
+        head_scores = (z * head_dirs).sum(-1)  # [N, H]
+        for h in range(cfg.n_heads):
+            comps[f"L{l}H{h}"] = head_scores[:, h]
+    comps["embed_pos"] = (cache["blocks.0.hook_resid_pre"][:, -1] * g).sum(-1)
+    comps["bias"] = bias
+    order = ["embed_pos"] + [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    order += [f"mlp_L{l}" for l in range(cfg.n_layers)] + ["bias"]
+    comps = {name: comps[name] for name in order}
+    total = torch.stack(list(comps.values())).sum(0)
+
+    # neurons of the last MLP: score_n(x) = post_n(x) / scale(x) * M[n, y(x)], M = lin(W_out) @ D
+    last = model.blocks[cfg.n_layers - 1]
+    post = cache[f"blocks.{cfg.n_layers - 1}.mlp.hook_post"][:, -1]  # [N, d_mlp]
+    s = scale(f"blocks.{cfg.n_layers - 1}.mlp_norm.hook_scale")
+    M = _norm_linear(cfg, last.mlp_norm, last.mlp.W_out.detach(), 1.0) @ D  # [d_mlp, C]
+    weighted = post if s is None else post / s
+    per_class = torch.zeros(D.shape[1], post.shape[1], dtype=post.dtype).index_add_(0, labels, weighted)
+    neurons = (per_class.T * M).sum(1) / N
+    per_input = weighted * M.T[labels] if per_input_neurons else None
+
+    if cfg.unembed == "bounded":
+        units = "normalised space: score = logit / tau against unit-norm W_U columns (a cosine when h is on the sphere)"
+    else:
+        units = "logit"
+    return DLAResult(units, comps, neurons, total, actual, per_input)
+
+
+# ---- attention at `=` -------------------------------------------------------------------------
+def attention_from_eq(cache, layer: int = 0) -> tuple[Float[Tensor, "H 3"], Float[Tensor, "N H 3"]]:
+    """Attention of the `=` query onto (a, b, =) per head: (mean over inputs, per input)."""
+    pattern = cache[f"blocks.{layer}.attn.hook_pattern"][:, :, -1, :]  # [N, H, key pos]
+    return pattern.mean(0), pattern
+
+
+def attention_view(cache, index: int, tokens: list[str] | None = None, layer: int = 0):
+    """circuitsvis view of every head's 3 x 3 attention pattern for input number `index`.
+
+    Returns a circuitsvis RenderedHTML (displays itself in a notebook). tokens: labels of the
+    three positions, e.g. ['12', '40', '='] (default ['a', 'b', '=']).
+    """
+    import circuitsvis.attention as cv_attention
+
+    pattern = cache[f"blocks.{layer}.attn.hook_pattern"][index]  # [H, 3, 3]
+    return cv_attention.attention_patterns(tokens=tokens or ["a", "b", "="], attention=pattern)
+
+
+# ---- embedding circles --------------------------------------------------------------------------
+@dataclass
+class EmbeddingCircle:
+    """Token embeddings projected on the plane of one key frequency.
+
+    coords: [n, 2] coordinates of the n group tokens (group order) in an orthonormal basis of the
+    plane spanned by (cos k row of F) @ W_E and (sin k row) @ W_E; share: fraction of the centred
+    embedding energy in that plane; roundness: sigma_min / sigma_max of the centred coords
+    (1 for a circle, 0 for a line).
+    """
+
+    freq: int
+    coords: Tensor
+    share: float
+    roundness: float
+    extra: dict = field(default_factory=dict)
+
+
+def embedding_circles(W_E: Float[Tensor, "n d_model"], freqs: Tensor) -> list[EmbeddingCircle]:
+    """One EmbeddingCircle per key frequency; W_E rows are the group tokens in group order."""
+    n = W_E.shape[0]
+    F = fourier_basis(n, W_E.dtype)
+    X = W_E - W_E.mean(0)
+    total = X.square().sum()
+    out = []
+    for k in freqs.tolist():
+        rows = [cos_index(k)] + ([sin_index(k)] if 2 * k < n else [])
+        plane = (F[rows] @ W_E).T  # [d_model, 1 or 2]
+        with single_thread():
+            Q, R = torch.linalg.qr(plane)
+        Q = Q[:, R.diagonal().abs() > 1e-9 * float(total.sqrt())]  # drop directions with no energy
+        coords = X @ Q
+        if coords.shape[1] < 2:
+            coords = torch.cat([coords, torch.zeros(n, 2 - coords.shape[1], dtype=coords.dtype)], dim=1)
+        with single_thread():
+            sv = torch.linalg.svdvals(coords - coords.mean(0))
+        share = float(coords.square().sum() / total) if total > 0 else float("nan")
+        roundness = float(sv[-1] / sv[0]) if sv[0] > 0 else float("nan")
+        out.append(EmbeddingCircle(int(k), coords, share, roundness))
+    return out

@@ -1,0 +1,97 @@
+"""Direct logit attribution, attention at `=`, embedding circles, effective rank, residual norms."""
+
+import math
+
+import pytest
+import torch
+
+from geolens.analysis import circuit, geometry
+from geolens.analysis.context import AnalysisContext
+from geolens.config import make_config
+from geolens.model import GeoTransformer
+from geolens.tasks import make_dataset
+
+
+def _ctx(preset, n_layers=1, p=13, **kw):
+    cfg = make_config(preset, p=p, d_model=16, d_mlp=32, n_heads=2, d_head=8, n_layers=n_layers, **kw)
+    model = GeoTransformer(cfg)
+    return AnalysisContext(model, cfg, make_dataset(cfg))
+
+
+@pytest.mark.parametrize("preset", ["ln", "rms", "none", "fb", "sphere_raw"])
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_dla_components_add_up_to_the_real_score(preset, n_layers):
+    ctx = _ctx(preset, n_layers)
+    cfg = ctx.cfg
+    res = circuit.direct_logit_attribution(ctx.model, cfg, ctx.cache, ctx.labels, per_input_neurons=True)
+    logits, y = ctx.logits, ctx.labels
+    correct = logits.gather(1, y[:, None])[:, 0]
+    diff = correct - (logits.sum(1) - correct) / (logits.shape[1] - 1)
+    if cfg.unembed == "bounded":
+        diff = diff / cfg.tau
+        assert "normalised" in res.units
+    else:
+        assert res.units == "logit"
+    assert torch.allclose(res.actual, diff, atol=1e-5)
+    assert res.recon_error < 1e-5
+    names = set(res.components)
+    assert {"embed_pos", "bias", f"mlp_L{n_layers - 1}"} <= names
+    assert {f"L{l}H{h}" for l in range(n_layers) for h in range(2)} <= names
+    mlp = res.components[f"mlp_L{n_layers - 1}"]
+    assert float(res.neurons.sum()) == pytest.approx(float(mlp.mean()), abs=1e-5)
+    assert torch.allclose(res.neurons_per_input.sum(1), mlp, atol=1e-5)
+
+
+def test_attention_from_eq_is_a_distribution_and_uniform_is_a_third():
+    ctx = _ctx("ln")
+    mean, per_input = circuit.attention_from_eq(ctx.cache)
+    assert mean.shape == (2, 3) and per_input.shape == (13 * 13, 2, 3)
+    assert torch.allclose(per_input.sum(-1), torch.ones(13 * 13, 2))
+    uni = _ctx("ln+uniform")
+    assert torch.allclose(circuit.attention_from_eq(uni.cache)[0], torch.full((2, 3), 1 / 3))
+
+
+def test_attention_view_renders_html():
+    ctx = _ctx("ln")
+    view = circuit.attention_view(ctx.cache, 5, tokens=["0", "5", "="])
+    assert "<" in str(view)
+
+
+def test_embedding_circles_of_a_fourier_embedding_are_round():
+    p = 23
+    x = torch.arange(p, dtype=torch.float64)
+    W_E = torch.zeros(p, 8, dtype=torch.float64)
+    W_E[:, 0], W_E[:, 1] = torch.cos(2 * math.pi * 4 * x / p), torch.sin(2 * math.pi * 4 * x / p)
+    W_E[:, 5], W_E[:, 6] = 0.5 * torch.cos(2 * math.pi * 9 * x / p), 0.5 * torch.sin(2 * math.pi * 9 * x / p)
+    circles = circuit.embedding_circles(W_E, torch.tensor([4, 9, 2]))
+    assert [c.freq for c in circles] == [4, 9, 2]
+    assert circles[0].roundness == pytest.approx(1.0, abs=1e-9) and circles[1].roundness == pytest.approx(1.0, abs=1e-9)
+    assert circles[0].share == pytest.approx(0.8) and circles[1].share == pytest.approx(0.2)
+    radius = circles[0].coords.norm(dim=1)
+    assert torch.allclose(radius, radius[0].expand(p))
+    assert circles[2].share == pytest.approx(0.0, abs=1e-12)
+
+
+def test_effective_rank():
+    assert geometry.effective_rank(torch.eye(5)) == pytest.approx(5.0)
+    assert geometry.effective_rank(torch.ones(6, 4)) == pytest.approx(1.0)
+    assert geometry.effective_rank(torch.zeros(3, 3)) == 0.0
+    assert geometry.effective_rank(torch.diag(torch.tensor([1.0, 1.0, 0.0]))) == pytest.approx(2.0)
+    # the Gram route for large matrices agrees with the SVD route
+    g = torch.Generator().manual_seed(0)
+    M = torch.randn(3000, 400, generator=g).relu()
+    s = torch.linalg.svdvals(M.double())
+    p = s / s.sum()
+    assert geometry.effective_rank(M) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), rel=1e-4)
+
+
+def test_resid_norm_is_one_at_every_projected_hook_of_a_sphere_model():
+    ctx = _ctx("fb", n_layers=2)
+    res = geometry.resid_norm(ctx.cache, ctx.cfg)
+    assert res["sphere_err"] < 1e-5
+    for name in ("blocks.0.hook_resid_pre", "blocks.0.hook_resid_mid", "blocks.1.hook_resid_mid", "blocks.1.hook_resid_post"):
+        assert res[name] == pytest.approx(1.0, abs=1e-5)
+    assert abs(res["hook_embed"] - 1.0) > 0.1  # before the projection: not unit norm
+    assert geometry.projected_hooks(ctx.cfg)
+    ln = _ctx("ln")
+    assert "sphere_err" not in geometry.resid_norm(ln.cache, ln.cfg) and geometry.projected_hooks(ln.cfg) == []

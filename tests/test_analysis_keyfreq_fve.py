@@ -1,0 +1,105 @@
+"""Key-frequency rules and FVE on constructed embeddings, W_L and activations."""
+
+import math
+
+import pytest
+import torch
+
+from geolens.analysis import fourier, fve, keyfreq
+from geolens.config import make_config
+
+P = 23
+
+
+def _frame(task="add", p=P):
+    return fourier.cyclic_frame(make_config("ln", task=task, p=p))
+
+
+def test_keyfreq_embed_on_a_pure_fourier_embedding():
+    x = torch.arange(P, dtype=torch.float64)
+    cols = []
+    for k, amp in [(3, 3.0), (7, 2.0), (11, 1.0)]:  # 11 is the top frequency of Z_23
+        cols += [amp * torch.cos(2 * math.pi * k * x / P), amp * torch.sin(2 * math.pi * k * x / P)]
+    W_E = torch.stack(cols + [torch.zeros(P)] * 2, dim=1).float()  # [p, 8]
+    assert keyfreq.keyfreq_embed(W_E).tolist() == [3, 7, 11]
+    norms = keyfreq.embed_freq_norms(W_E)
+    assert norms[[0, 1, 3, 4, 5, 7]].abs().max() < 1e-4  # nothing at other frequencies
+
+
+def test_keyfreq_wl_fft_on_a_constructed_W_L():
+    g = torch.Generator().manual_seed(0)
+    keys = [9, 4, 13, 2, 17]  # decreasing amplitude
+    c = torch.arange(59, dtype=torch.float64)
+    W_L = torch.zeros(64, 59, dtype=torch.float64)
+    for rank, k in enumerate(keys):
+        amp = torch.rand(64, 1, generator=g, dtype=torch.float64) + (5 - rank)
+        phase = 2 * math.pi * torch.rand(64, 1, generator=g, dtype=torch.float64)
+        W_L += amp * torch.cos(2 * math.pi * k * c / 59 + phase)
+    W_L += 3.0  # a DC offset must not count
+    assert keyfreq.keyfreq_wl_fft(W_L.float(), k=5).tolist() == keys
+    assert keyfreq.wl_topk_share(W_L.float(), torch.tensor(keys)) == pytest.approx(1.0, abs=1e-5)
+    assert keyfreq.keyfreq_wl_fft(W_L.float(), k=2).tolist() == keys[:2]
+
+
+def _wave_acts(frame, freqs_per_neuron, seed=0):
+    """acts[i, j, n] = a_n cos(w_k s + phi_n) + b_n with s the label position and k = freqs[n]."""
+    g = torch.Generator().manual_seed(seed)
+    d = len(freqs_per_neuron)
+    k = torch.tensor(freqs_per_neuron, dtype=torch.float64)
+    s = frame.label_pos.to(torch.float64)[..., None]
+    amp = 1 + torch.rand(d, generator=g, dtype=torch.float64)
+    phase = 2 * math.pi * torch.rand(d, generator=g, dtype=torch.float64)
+    off = torch.randn(d, generator=g, dtype=torch.float64)
+    return (amp * torch.cos(2 * math.pi * k * s / frame.n + phase) + off).float()
+
+
+@pytest.mark.parametrize("task", ["add", "sub", "mul"])
+def test_keyfreq_neuron_and_fve_neuron_on_clean_neurons(task):
+    frame = _frame(task)
+    freqs = [3] * 5 + [7] * 8 + [5] * 3
+    acts = _wave_acts(frame, freqs)
+    shares, active = keyfreq.neuron_freq_shares(acts)
+    assert active.all()
+    assert torch.allclose(shares.max(1).values, torch.ones(len(freqs)), atol=1e-4)
+    keys, counts = keyfreq.keyfreq_neuron(shares)
+    assert keys.tolist() == [7, 3, 5] and counts.tolist() == [8, 5, 3]
+    res = fve.fve_neuron(shares, active)
+    assert res["frac"] == 1.0 and res["mean"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_fve_neuron_on_noise_and_dead_neurons():
+    g = torch.Generator().manual_seed(3)
+    acts = torch.randn(P, P, 20, generator=g).relu()
+    acts[..., :4] = 0.0  # dead
+    acts[..., 4] = 2.5  # constant
+    shares, active = keyfreq.neuron_freq_shares(acts)
+    assert active.tolist() == [False] * 5 + [True] * 15
+    res = fve.fve_neuron(shares, active)
+    assert res["frac"] == 0.0 and res["mean"] < 0.5 and res["active"] == 0.75
+    assert keyfreq.keyfreq_neuron(shares)[0].numel() == 0
+
+
+@pytest.mark.parametrize("task", ["add", "mul"])
+def test_fve_paper_is_100_for_activations_made_of_sum_waves(task):
+    """Neurons in groups, one key frequency per group; W_L rows of a group oscillate at that
+    group's frequency, so u_k and v_k only see the group of k."""
+    frame = _frame(task)
+    keys = [2, 6, 9]
+    groups = [keys[i // 10] for i in range(30)]
+    acts = _wave_acts(frame, groups, seed=1)
+    g = torch.Generator().manual_seed(2)
+    c = torch.arange(frame.n, dtype=torch.float64)
+    k = torch.tensor(groups, dtype=torch.float64)[:, None]
+    W_L = (torch.cos(2 * math.pi * k * c / frame.n + 2 * math.pi * torch.rand(30, 1, generator=g, dtype=torch.float64))).float()
+    U, V = fve.fve_paper(acts, W_L, torch.tensor(keys), frame)
+    assert torch.allclose(U, torch.full((3,), 100.0), atol=1e-3)
+    assert torch.allclose(V, torch.full((3,), 100.0), atol=1e-3)
+
+
+def test_fve_paper_is_low_for_noise():
+    frame = _frame()
+    g = torch.Generator().manual_seed(4)
+    acts = torch.randn(P, P, 32, generator=g)
+    W_L = torch.randn(32, P, generator=g)
+    U, V = fve.fve_paper(acts, W_L, torch.tensor([1, 2, 3]), frame)
+    assert (U < 10).all() and (V < 10).all()
