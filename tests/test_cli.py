@@ -1,0 +1,63 @@
+"""The `geolens` command line: one-line errors with non-zero exit, train/info/resume round trip."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+TINY = ["--p", "23", "--frac", "0.5", "--set", "d_model=32", "--set", "d_head=8", "--set", "d_mlp=64"]
+
+
+def geolens(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-c", "from geolens.cli import main; main()", *args],
+        capture_output=True, text=True, cwd=cwd, timeout=300,
+    )
+
+
+def test_train_info_and_resume(tmp_path):
+    out = tmp_path / "fb_seed3"
+    r = geolens("train", "--preset", "fb", "--task", "add", "--seed", "3", "--epochs", "20", "--eval-every", "5",
+                "--out", str(out), "--quiet", *TINY)
+    assert r.returncode == 0, r.stderr
+    assert "fb_seed3" in r.stdout and "last_epoch" in r.stdout
+    header = json.loads((out / "run.json").read_text())
+    assert header["config"]["seed"] == 3 and header["config"]["d_mlp"] == 64 and header["status"] == "finished"
+    r = geolens("info", "--run", str(out))
+    assert r.returncode == 0 and "last_epoch" in r.stdout and "20" in r.stdout
+    r = geolens("train", "--out", str(out), "--resume", "--epochs", "30", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "events.json").read_text())["final_epoch"] == 30
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["train", "--preset", "nope", "--out", "{tmp}/x"], "unknown preset 'nope'"),
+        (["train", "--p", "100", "--out", "{tmp}/x"], "p = 100 is not prime"),
+        (["train", "--set", "colour=red", "--out", "{tmp}/x"], "unknown config field 'colour'"),
+        (["train", "--set", "d_mlp=big", "--out", "{tmp}/x"], "not a valid int"),
+        (["train", "--checkpoints", "sometimes", "--out", "{tmp}/x"], "unknown checkpoint schedule"),
+        (["info", "--run", "{tmp}/missing"], "does not exist"),
+        (["train", "--resume", "--out", "{tmp}/missing"], "does not exist"),
+    ],
+)
+def test_bad_input_gives_one_line_error(tmp_path, args, needle):
+    r = geolens(*[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert r.returncode != 0
+    lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_existing_run_is_not_overwritten(tmp_path):
+    out = tmp_path / "r"
+    assert geolens("train", "--epochs", "5", "--eval-every", "5", "--out", str(out), "--quiet", *TINY).returncode == 0
+    before = (out / "metrics.csv").read_bytes()
+    r = geolens("train", "--epochs", "10", "--eval-every", "5", "--out", str(out), "--quiet", *TINY)
+    assert r.returncode != 0 and "already exists" in r.stderr
+    assert (out / "metrics.csv").read_bytes() == before
+    r = geolens("train", "--epochs", "10", "--eval-every", "5", "--out", str(out), "--quiet", "--force", *TINY)
+    assert r.returncode == 0 and (out / "metrics.csv").read_bytes() != before
