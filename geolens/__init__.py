@@ -1,9 +1,24 @@
-"""geolens: hooked geometric transformers for grokking, dense trajectories, spectral and circuit analysis."""
+"""geolens: hooked geometric transformers for grokking, dense trajectories, spectral and circuit analysis.
 
-from geolens.config import GeoConfig, make_config
-from geolens.errors import GeoError
-from geolens.model import GeoTransformer
-from geolens.run import Run, load_run
-from geolens.tasks import Dataset, make_dataset
+Names are imported on first use, so `geolens --help` does not pay for importing TransformerLens.
+"""
 
-__all__ = ["GeoConfig", "GeoError", "GeoTransformer", "Run", "Dataset", "load_run", "make_config", "make_dataset"]
+from importlib import import_module
+
+_EXPORTS = {
+    "GeoConfig": "geolens.config",
+    "make_config": "geolens.config",
+    "GeoError": "geolens.errors",
+    "GeoTransformer": "geolens.model",
+    "Run": "geolens.run",
+    "load_run": "geolens.run",
+    "Dataset": "geolens.tasks",
+    "make_dataset": "geolens.tasks",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'geolens' has no attribute {name!r}")
