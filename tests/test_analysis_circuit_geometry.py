@@ -92,6 +92,8 @@ def test_resid_norm_is_one_at_every_projected_hook_of_a_sphere_model():
     for name in ("blocks.0.hook_resid_pre", "blocks.0.hook_resid_mid", "blocks.1.hook_resid_mid", "blocks.1.hook_resid_post"):
         assert res[name] == pytest.approx(1.0, abs=1e-5)
     assert abs(res["hook_embed"] - 1.0) > 0.1  # before the projection: not unit norm
-    assert geometry.projected_hooks(ctx.cfg)
+    assert geometry.projected_hooks(ctx.cfg) == ["embed_norm.hook_normalized"] + [
+        f"blocks.{l}.{n}_norm.hook_normalized" for l in (0, 1) for n in ("attn", "mlp")]
+    assert ctx.cache["blocks.1.attn_norm.hook_normalized"].shape[1] == 3  # all positions checked
     ln = _ctx("ln")
     assert "sphere_err" not in geometry.resid_norm(ln.cache, ln.cfg) and geometry.projected_hooks(ln.cfg) == []

@@ -35,6 +35,7 @@ def test_untrained_p59_model_returns_every_metric():
     assert len(rows["logit_cos_coeff"]) == 29
     assert rows["resid_norm"]["resid_norm_sphere_err"] < 1e-5
     assert rows["dla"]["dla_recon_err"] < 1e-5
+    assert rows["dla"]["dla_normalised_space"] == 1.0  # bounded readout: scores are logit / tau
     assert math.isnan(rows["clock_pizza"]["clock_pizza"])  # untrained: no verdict
     assert rows["loss"]["acc_test"] < 0.2
     assert -1.0 <= rows["grad_symmetricity"]["grad_symmetricity"] <= 1.0

@@ -53,16 +53,23 @@ def residual_hooks(cfg: GeoConfig) -> list[str]:
 
 
 def projected_hooks(cfg: GeoConfig) -> list[str]:
-    """Hook points whose activations are sphere projections (empty unless cfg.norm == 'sphere')."""
+    """Outputs of the sphere projections (empty unless cfg.norm == 'sphere'): every norm's
+    hook_normalized. These keep all positions in the analysis cache (see context.py)."""
     if cfg.norm != "sphere":
         return []
-    return ["blocks.0.hook_resid_pre"] + [f"blocks.{l}.hook_{n}" for l in range(cfg.n_layers) for n in ("resid_mid", "resid_post")]
+    out = ["embed_norm.hook_normalized"]
+    for layer in range(cfg.n_layers):
+        out += [f"blocks.{layer}.attn_norm.hook_normalized", f"blocks.{layer}.mlp_norm.hook_normalized"]
+    return out
 
 
 def resid_norm(cache, cfg: GeoConfig) -> dict[str, float]:
-    """Mean L2 norm over inputs and positions at each residual hook; for sphere models also
-    'sphere_err': the largest | ||x|| - 1 | over every vector at every projected hook (0 up to
-    rounding when the projection was applied: a built-in sanity check)."""
+    """Mean L2 norm over inputs and cached positions at each residual hook; for sphere models also
+    'sphere_err': the largest | ||x|| - 1 | over every vector at every projection output (0 up to
+    rounding when the projection was applied: a built-in sanity check).
+
+    With the analysis context's narrowed forward, hooks from the last block's hook_resid_mid on
+    hold the `=` position only (the others are never computed there)."""
     out = {name: float(cache[name].norm(dim=-1).mean()) for name in residual_hooks(cfg)}
     proj = projected_hooks(cfg)
     if proj:

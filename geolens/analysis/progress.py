@@ -13,7 +13,6 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 

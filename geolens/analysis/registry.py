@@ -16,20 +16,19 @@ columns stay stable while the keys move; keyfreq_wl_fft_<r> says which frequency
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from geolens.analysis import circuit, clockpizza, fve, geometry, health, keyfreq, progress
-from geolens.analysis.context import N_KEYS, AnalysisContext
+from geolens.analysis.context import AnalysisContext
 from geolens.analysis.threads import torch_threads
 from geolens.config import GeoConfig
 from geolens.errors import GeoError
 from geolens.tasks import Dataset
+
 
 # ---- applicability -----------------------------------------------------------------------------
 def _always(cfg: GeoConfig) -> str | None:
@@ -173,8 +172,14 @@ def m_dla(ctx: AnalysisContext) -> dict[str, float]:
     out = {f"dla_{name}": v for name, v in res.means().items()}
     out["dla_total"] = float(res.total.mean())
     out["dla_recon_err"] = res.recon_error
+    out["dla_normalised_space"] = 1.0 if cfg_bounded(ctx.cfg) else 0.0  # 1: scores are logit / tau
     out["dla_neuron_top10_share"] = _top_share(res.neurons, 10)
     return out
+
+
+def cfg_bounded(cfg: GeoConfig) -> bool:
+    """True when the readout is the bounded unembedding (DLA then scores in the normalised space)."""
+    return cfg.unembed == "bounded"
 
 
 def _top_share(x: Tensor, k: int) -> float:
@@ -265,14 +270,17 @@ METRICS: dict[str, MetricSpec] = {
 
 
 def compute_metrics(
-    model, cfg: GeoConfig, dataset: Dataset, names=None, key_freqs=None, num_threads: int | None = None
+    model, cfg: GeoConfig, dataset: Dataset, names=None, key_freqs=None, num_threads: int | None = 1
 ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Compute the named metrics (all by default) on one checkpoint.
 
     Returns (rows, skipped): rows[name] is the metric's flat dict of floats; skipped[name] is the
     reason a metric does not apply to this config. key_freqs pins the key frequencies (see
-    AnalysisContext). num_threads: torch threads for the duration of the call (None: leave as
-    is); 1 is much faster on small machines shared with other processes (see threads.py).
+    AnalysisContext). num_threads: torch threads for the duration of the call, restored after;
+    None keeps the caller's setting. The default 1 is deliberate: most analysis ops are small and
+    memory-bound, and on cores shared with other processes every 2-thread OpenMP region stalls
+    when the other core is busy (10x slowdowns measured on the 2-core box; see
+    benchmarks/bench_analysis.py and threads.py).
     """
     names = list(METRICS) if names is None else list(names)
     unknown = [n for n in names if n not in METRICS]
