@@ -1,4 +1,4 @@
-"""The `geolens` command line: train, info (analyze and probe arrive with the analysis layer)."""
+"""The `geolens` command line: train, info, analyze, probe."""
 
 from __future__ import annotations
 
@@ -59,6 +59,57 @@ def train(
 def info(run: Path = typer.Option(..., help="Run directory.")) -> None:
     """Summarise a run: config, progress, onset events, checkpoints."""
     _print_summary(run)
+
+
+@app.command()
+def analyze(
+    run: Path = typer.Option(..., help="Run directory."),
+    metrics: Optional[str] = typer.Option(None, help="Comma-separated metric names (default: all)."),
+    steps: Optional[str] = typer.Option(None, help="Comma-separated epochs (nearest checkpoints; default: all)."),
+    at: Optional[str] = typer.Option(None, help="Epochs for the per-step figures (default: onset and final)."),
+    static: str = typer.Option("png,svg", help="Static figure formats, comma-separated ('' for none)."),
+    quiet: bool = typer.Option(False, help="No progress bar."),
+) -> None:
+    """Evaluate metrics at every checkpoint (cached), write analysis/metrics.csv and analysis/report.html."""
+    from geolens.report import write_report
+    from geolens.run import load_run
+    from geolens.trajectory import analyze_run
+
+    r = load_run(run)
+    traj = analyze_run(r, _names(metrics), _ints(steps, "--steps"), progress=not quiet)
+    report = write_report(traj, _ints(at, "--at"), tuple(f for f in static.split(",") if f))
+    console.print(f"{len(traj.steps)} checkpoints, {traj.computed} metric evaluations computed "
+                  f"(the rest from cache); table {r.path / 'analysis' / 'metrics.csv'}; report {report}")
+    for name, reason in traj.skipped.items():
+        console.print(f"skipped {name}: {reason}")
+
+
+@app.command()
+def probe(
+    run: Path = typer.Option(..., help="Run directory."),
+    step: int = typer.Option(..., help="Training epoch (the nearest checkpoint is used)."),
+) -> None:
+    """Print the circuit at one step: key frequencies, FVE, Clock/Pizza verdict, top heads and neurons."""
+    from geolens.probe import describe
+    from geolens.run import load_run
+
+    table = Table(show_header=False, title=f"{run} @ {step}")
+    for label, text in describe(load_run(run).probe(step)):
+        table.add_row(label, text)
+    console.print(table)
+
+
+def _names(text: str | None) -> list[str] | None:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
+
+def _ints(text: str | None, flag: str) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise GeoError(f"{flag} '{text}' must be comma-separated integers, e.g. {flag} 0,400,1200") from None
 
 
 def _print_summary(path: Path) -> None:

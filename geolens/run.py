@@ -68,6 +68,18 @@ class Run:
             raise GeoError(f"checkpoint {self.dir.ckpt_path(step)} does not match the run's config: {e}") from None
         return model.eval()
 
+    def probe(self, step: int):
+        """The circuit at the checkpoint nearest `step`: a probe.Probe with model, cache, metrics, DLA."""
+        from geolens.probe import probe_run
+
+        return probe_run(self, step)
+
+    def analyze(self, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = False):
+        """Metrics at every (or the chosen) checkpoint, cached: a trajectory.Trajectory."""
+        from geolens.trajectory import analyze_run
+
+        return analyze_run(self, metrics, steps, progress)
+
     def summary(self) -> dict[str, Any]:
         """What `geolens info` prints."""
         rows = self.metrics if self.dir.metrics_csv.exists() else []

@@ -43,12 +43,17 @@ METRIC_COLUMNS = (
 )
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 # ---- atomic primitives ---------------------------------------------------------------------
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give them the usual mode
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
