@@ -55,6 +55,39 @@ def train(
     _print_summary(result.path)
 
 
+DEMO = dict(preset="fb", task="add", p=113, lr=6e-4, seed=1, data_seed=1, epochs=3000, early_stop_after=300)
+
+
+@app.command()
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), help="Run directory (reused if it already holds the demo run)."),
+    quiet: bool = typer.Option(False, help="No progress bars."),
+) -> None:
+    """The main job: train the default run (fully bounded sphere, Z_113 addition, lr 6e-4, seed 1,
+    early stop 300 epochs after test accuracy holds >= 0.99), analyse its trajectory, write the report."""
+    from geolens import train as training
+    from geolens.report import write_report
+    from geolens.run import load_run
+    from geolens.storage import RunDir
+    from geolens.trajectory import analyze_run
+
+    cfg = make_config(**DEMO)
+    run_dir = RunDir(out)
+    if not run_dir.exists():
+        training.train(cfg, out, progress=not quiet)
+    else:
+        header = run_dir.read_header()
+        if header["config"] != cfg.to_dict():
+            raise GeoError(f"{out} holds a different run; choose another --out for the demo")
+        if header.get("status") != "finished":
+            training.resume(out, progress=not quiet)
+        console.print(f"reusing the finished demo run in {out}")
+    traj = analyze_run(load_run(out), progress=not quiet)
+    report = write_report(traj)
+    _print_summary(out)
+    console.print(f"report: {report}")
+
+
 @app.command()
 def info(run: Path = typer.Option(..., help="Run directory.")) -> None:
     """Summarise a run: config, progress, onset events, checkpoints."""

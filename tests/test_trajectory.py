@@ -1,0 +1,112 @@
+"""Trajectory analysis on a small trained run: table completeness, caching, report, probe, bad runs."""
+
+import csv
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from geolens import train as training
+from geolens.analysis import METRICS
+from geolens.config import make_config
+from geolens.errors import GeoError
+from geolens.run import load_run
+from geolens.trajectory import analyze_run
+
+SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.6, lr=3e-3)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("traj") / "run"
+    cfg = make_config("fb", epochs=120, eval_every=10, checkpoints="every:40", seed=1, **SMALL)
+    training.train(cfg, path, progress=False)
+    return path
+
+
+def read_table(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_table_has_every_metric_at_every_step_and_rerun_uses_cache(run_dir):
+    run = load_run(run_dir)
+    traj = analyze_run(run, progress=False)
+    assert traj.steps == run.steps == [0, 40, 80, 120]
+    assert traj.skipped == {} and traj.computed == len(METRICS) * 4
+    rows = read_table(run_dir / "analysis" / "metrics.csv")
+    for step in run.steps:
+        assert {r["metric"] for r in rows if int(r["step"]) == step} == set(METRICS)
+    again = analyze_run(load_run(run_dir), progress=False)
+    assert again.computed == 0
+    assert json.dumps(again.values, sort_keys=True) == json.dumps(traj.values, sort_keys=True)  # NaN-safe
+
+
+def test_changed_definition_or_checkpoint_invalidates_only_that(run_dir, monkeypatch):
+    analyze_run(load_run(run_dir), progress=False)
+    monkeypatch.setitem(METRICS, "weight_norm", replace(METRICS["weight_norm"], version="999"))
+    traj = analyze_run(load_run(run_dir), progress=False)
+    assert traj.computed == 4  # weight_norm at each of the 4 steps, nothing else
+    cache = json.loads((run_dir / "analysis" / "cache" / "step_0000040.json").read_text())
+    assert cache["metrics"]["weight_norm"]["version"] == "999"
+
+
+def test_subset_of_metrics_and_steps(run_dir):
+    traj = analyze_run(load_run(run_dir), metrics=["loss", "fve_paper"], steps=[35, 119], progress=False)
+    assert traj.steps == [40, 120]
+    assert set(traj.values[40]) == {"loss", "fve_paper"}
+    with pytest.raises(GeoError, match="unknown metric"):
+        analyze_run(load_run(run_dir), metrics=["nope"], progress=False)
+
+
+def test_corrupt_checkpoint_names_the_file_and_keeps_cached_results(tmp_path):
+    cfg = make_config("ln", epochs=20, eval_every=10, checkpoints="every:10", **SMALL)
+    training.train(cfg, tmp_path / "r", progress=False)
+    analyze_run(load_run(tmp_path / "r"), metrics=["loss"], progress=False)
+    cached = {p: p.read_bytes() for p in (tmp_path / "r" / "analysis" / "cache").iterdir()}
+    (tmp_path / "r" / "checkpoints" / "step_0000010.safetensors").write_bytes(b"\0" * 10)
+    with pytest.raises(GeoError, match="step_0000010.safetensors is corrupt"):
+        analyze_run(load_run(tmp_path / "r"), progress=False)
+    for p, data in cached.items():
+        assert p.read_bytes() == data or "step_0000000" in p.name  # step 0 may gain the new metrics
+
+
+def test_run_without_checkpoints_is_a_clear_error(tmp_path):
+    cfg = make_config("ln", epochs=20, eval_every=10, **SMALL)
+    training.train(cfg, tmp_path / "r", progress=False)
+    (tmp_path / "r" / "checkpoints" / "manifest.json").write_text("[]")
+    with pytest.raises(GeoError, match="no checkpoints"):
+        analyze_run(load_run(tmp_path / "r"), progress=False)
+
+
+def test_perm_task_skips_fourier_metrics_with_reason_and_runs_the_rest(tmp_path):
+    cfg = make_config("ln", task="perm", n_perm=4, epochs=10, eval_every=10, p=23, d_model=32, d_head=8, d_mlp=64)
+    training.train(cfg, tmp_path / "s4", progress=False)
+    traj = analyze_run(load_run(tmp_path / "s4"), progress=False)
+    assert "fve_paper" in traj.skipped and "cyclic" in traj.skipped["fve_paper"]
+    assert {"loss", "weight_norm", "softmax_collapse", "dla", "effective_rank"} <= set(traj.values[10])
+
+
+def test_cli_analyze_writes_report_and_figures_and_probe_prints_circuit(run_dir):
+    cmd = [sys.executable, "-c", "from geolens.cli import main; main()"]
+    r = subprocess.run(cmd + ["analyze", "--run", str(run_dir), "--quiet", "--at", "80"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    html = (run_dir / "analysis" / "report.html").read_text()
+    assert html.count("plotly-graph-div") >= 5 and "Plotly" in html
+    for name in ("training", "spectrum", "progress", "clock_pizza", "embedding_circles", "attention"):
+        assert (run_dir / "analysis" / "figures" / f"{name}.png").stat().st_size > 1000
+        assert (run_dir / "analysis" / "figures" / f"{name}.svg").exists()
+    r = subprocess.run(cmd + ["probe", "--run", str(run_dir), "--step", "75"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "epoch 80" in r.stdout and "requested epoch 75" in r.stdout
+    assert "key frequencies" in r.stdout and "clock / pizza" in r.stdout and "top neurons" in r.stdout
+
+
+def test_python_probe(run_dir):
+    probe = load_run(run_dir).probe(120)
+    assert probe.step == 120 and len(probe.key_freqs) == 5
+    assert probe.cache["blocks.0.mlp.hook_post"].shape[0] == 23 * 23
+    assert probe.verdict in ("clock", "pizza", "mixed", "unsolved")
+    assert len(probe.top_heads()) == 3 and len(probe.top_neurons()) == 10
