@@ -67,6 +67,20 @@ def test_keyfreq_neuron_and_fve_neuron_on_clean_neurons(task):
     assert res["frac"] == 1.0 and res["mean"] == pytest.approx(1.0, abs=1e-4)
 
 
+def test_neuron_block_includes_the_single_operand_terms():
+    """A neuron of frequency k may also carry cos(w a) and sin(w b) (const x wave blocks)."""
+    frame = _frame()
+    s = torch.arange(P, dtype=torch.float64)
+    w = 2 * math.pi * 6 / P
+    a, b = s[:, None], s[None, :]
+    acts = (torch.cos(w * a) + 0.5 * torch.sin(w * b) + torch.cos(w * (a + b)) + 2.0)[..., None]
+    acts = torch.cat([acts, torch.cos(2 * math.pi * 3 * a / P)[..., None].expand(P, P, 1)], dim=-1).float()
+    shares, active = keyfreq.neuron_freq_shares(acts)
+    assert shares[0, 5] == pytest.approx(1.0, abs=1e-5)  # frequency 6 is column 5
+    assert shares[1, 2] == pytest.approx(1.0, abs=1e-5)  # a pure cos(w_3 a) neuron
+    assert sorted(keyfreq.keyfreq_neuron(shares)[0].tolist()) == [3, 6]
+
+
 def test_fve_neuron_on_noise_and_dead_neurons():
     g = torch.Generator().manual_seed(3)
     acts = torch.randn(P, P, 20, generator=g).relu()

@@ -72,6 +72,17 @@ def test_restricted_loss_drops_non_key_parts():
     assert restricted["test"] < _ce_on_frame(noisy, ds, frame, masks["test"])
 
 
+def test_block_helpers_split_the_logits_into_key_part_and_rest():
+    cfg, ds, frame, masks = _setup()
+    block = torch.randn(23, 23, 23, generator=torch.Generator().manual_seed(5))
+    dirs = progress.key_directions(frame, torch.tensor([2, 7]))
+    assert dirs.shape == (23 * 23, 4)
+    assert torch.allclose(dirs.T @ dirs, torch.eye(4), atol=1e-5)
+    kept, rest = progress.restricted_block(block, dirs), progress.excluded_block(block, dirs)
+    assert torch.allclose(kept + rest, block + block.mean(dim=(0, 1), keepdim=True), atol=1e-5)
+    assert torch.allclose(progress.project_on(rest, dirs), torch.zeros_like(block), atol=1e-5)
+
+
 def _brute_cos_coeff(block, sign):
     n = block.shape[0]
     a = torch.arange(n, dtype=torch.float64)

@@ -66,6 +66,9 @@ def test_names_filter_pinned_keys_and_unknown_names():
     assert math.isnan(rows["excluded_loss"]["excluded_loss_3"]) and not math.isnan(rows["excluded_loss"]["excluded_loss_2"])
     with pytest.raises(GeoError, match="unknown metric"):
         _run("ln", names=["no_such_metric"], p=23, **SMALL)
+    cfg = make_config("ln", p=23, **SMALL)
+    with pytest.raises(GeoError, match="CPU"):
+        AnalysisContext(GeoTransformer(cfg).to("meta"), cfg, make_dataset(cfg))
 
 
 def test_versions_and_applies_cover_every_metric():

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from geolens.analysis import clockpizza, fourier, keyfreq
 from geolens.config import GeoConfig
+from geolens.errors import GeoError
 from geolens.tasks import Dataset
 
 N_KEYS = 5
@@ -49,6 +50,9 @@ class AnalysisContext:
     """
 
     def __init__(self, model, cfg: GeoConfig, dataset: Dataset, key_freqs=None, n_keys: int = N_KEYS):
+        device = next(model.parameters()).device
+        if device.type != "cpu":
+            raise GeoError(f"the analysis runs on CPU but the model is on {device}; pass model.cpu()")
         self.model = model
         self.cfg = cfg
         self.dataset = dataset
