@@ -23,7 +23,7 @@ score = h . W_U[:, c] / ||W_U[:, c]|| = logit / tau (a cosine when h is on the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from jaxtyping import Float, Int
@@ -205,7 +205,6 @@ class EmbeddingCircle:
     coords: Tensor
     share: float
     roundness: float
-    extra: dict = field(default_factory=dict)
 
 
 def embedding_circles(W_E: Float[Tensor, "n d_model"], freqs: Tensor) -> list[EmbeddingCircle]:

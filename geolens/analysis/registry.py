@@ -69,7 +69,7 @@ def m_keyfreq_wl_fft(ctx: AnalysisContext) -> dict[str, float]:
 
 
 def m_keyfreq_neuron(ctx: AnalysisContext) -> dict[str, float]:
-    freqs, counts = keyfreq.keyfreq_neuron(ctx.neuron_shares[0])
+    freqs, _ = keyfreq.keyfreq_neuron(ctx.neuron_shares[0])
     return {**_ranked("keyfreq_neuron", freqs, ctx.n_keys), "keyfreq_neuron_count": float(freqs.numel())}
 
 
