@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -98,7 +99,8 @@ def test_cli_analyze_writes_report_and_figures_and_probe_prints_circuit(run_dir)
     for name in ("training", "spectrum", "progress", "clock_pizza", "embedding_circles", "attention"):
         assert (run_dir / "analysis" / "figures" / f"{name}.png").stat().st_size > 1000
         assert (run_dir / "analysis" / "figures" / f"{name}.svg").exists()
-    r = subprocess.run(cmd + ["probe", "--run", str(run_dir), "--step", "75"], capture_output=True, text=True)
+    env = {**os.environ, "COLUMNS": "250"}  # one table row per line
+    r = subprocess.run(cmd + ["probe", "--run", str(run_dir), "--step", "75"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert "epoch 80" in r.stdout and "requested epoch 75" in r.stdout
     assert "key frequencies" in r.stdout and "clock / pizza" in r.stdout and "top neurons" in r.stdout

@@ -68,6 +68,11 @@ def m_keyfreq_wl_fft(ctx: AnalysisContext) -> dict[str, float]:
     return {**_ranked("keyfreq_wl_fft", keys, ctx.n_keys), "keyfreq_wl_fft_share": keyfreq.wl_topk_share(ctx.W_L_group, keys)}
 
 
+def m_wl_spectrum(ctx: AnalysisContext) -> dict[str, float]:
+    spec = keyfreq.wl_spectrum(ctx.W_L_group)
+    return {f"wl_spectrum_{k}": float(v) for k, v in enumerate(spec.tolist()) if k > 0}
+
+
 def m_keyfreq_neuron(ctx: AnalysisContext) -> dict[str, float]:
     freqs, _ = keyfreq.keyfreq_neuron(ctx.neuron_shares[0])
     return {**_ranked("keyfreq_neuron", freqs, ctx.n_keys), "keyfreq_neuron_count": float(freqs.numel())}
@@ -244,6 +249,7 @@ METRICS: dict[str, MetricSpec] = {
     for s in [
         _spec("loss", m_loss, _always, "cross-entropy and accuracy on train and test"),
         _spec("keyfreq_wl_fft", m_keyfreq_wl_fft, _cyclic, "paper's key frequencies: top-k bins of |rfft(W_L)|, L2 over neurons, DC dropped"),
+        _spec("wl_spectrum", m_wl_spectrum, _cyclic, "||rfft(W_L)|| over neurons per frequency bin 1..n//2 (the spectrum keyfreq_wl_fft ranks)"),
         _spec("keyfreq_neuron", m_keyfreq_neuron, _cyclic, "Nanda's key set: best frequencies of neurons with > 85% block share"),
         _spec("keyfreq_embed", m_keyfreq_embed, _cyclic, "frequencies whose embedding Fourier norm exceeds max / 4"),
         _spec("fve_paper", m_fve_paper, _cyclic, "paper's FVE (percent) of the U and V projections per key"),
