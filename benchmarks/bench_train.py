@@ -1,0 +1,240 @@
+"""Training-step benchmark: straightforward PyTorch vs the hooked GeoTransformer vs geolens.fast.
+
+    python benchmarks/bench_train.py            # presets ln, rms, fb, fb+uniform at p = 113
+    python benchmarks/bench_train.py --reps 7   # fewer repetitions (quicker, noisier)
+
+One epoch = one full-batch step on the training split (p = 113, frac 0.3: 3,830 examples):
+forward, cross-entropy, backward, AdamW step (the preset's lr / betas / weight decay). The three
+engines run interleaved (one step each per round) in this one process on the same data, and the
+median over rounds is reported. Before timing, each engine evaluates the test split once under
+no_grad, as the training loop does at epoch 0. Timings on a shared machine are noisy: compare
+the ratios printed in one run, not numbers across runs.
+
+(a) `Straightforward` below is a plain PyTorch implementation of the paper's model written for
+this benchmark (nn.Embedding, bias-free Q/K/V/O Linear layers, softmax attention over the 3
+positions, MLP, post-norm, readout at position 2). It is loaded with the hooked model's weights
+and checked to give the same logits before anything is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from geolens.config import make_config
+from geolens.fast import fast_flops, fast_logits
+from geolens.model import GeoTransformer
+from geolens.tasks import make_dataset
+
+
+# ---- (a) the straightforward implementation -------------------------------------------------------
+class SphereNorm(nn.Module):
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x):
+        return x / x.norm(dim=-1, keepdim=True).clamp_min(self.eps)
+
+
+def make_norm(cfg) -> nn.Module:
+    if cfg.norm == "layernorm":
+        return nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.rms_eps)
+    if cfg.norm == "sphere":
+        return SphereNorm(cfg.sphere_eps)
+    return nn.Identity()
+
+
+class Straightforward(nn.Module):
+    """The paper's one-layer post-norm transformer, computed at all 3 positions."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        D, H, dh = cfg.d_model, cfg.n_heads, cfg.d_head
+        self.cfg = cfg
+        self.tok = nn.Embedding(cfg.d_vocab, D)
+        self.pos = nn.Embedding(cfg.n_ctx, D)
+        self.q = nn.Linear(D, H * dh, bias=False)
+        self.k = nn.Linear(D, H * dh, bias=False)
+        self.v = nn.Linear(D, H * dh, bias=False)
+        self.o = nn.Linear(H * dh, D, bias=False)
+        self.fc1 = nn.Linear(D, cfg.d_mlp)
+        self.fc2 = nn.Linear(cfg.d_mlp, D)
+        self.norm1, self.norm2, self.norm3 = make_norm(cfg), make_norm(cfg), make_norm(cfg)
+        self.unembed = nn.Linear(D, cfg.d_vocab_out, bias=False)
+
+    def forward(self, tokens):
+        cfg = self.cfg
+        B, n = tokens.shape
+        H, dh = cfg.n_heads, cfg.d_head
+        h = self.norm1(self.tok(tokens) + self.pos(torch.arange(n)))
+        q = self.q(h).view(B, n, H, dh).transpose(1, 2)
+        k = self.k(h).view(B, n, H, dh).transpose(1, 2)
+        v = self.v(h).view(B, n, H, dh).transpose(1, 2)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(dh)
+        if cfg.attention == "uniform":
+            scores = torch.zeros_like(scores)
+        if cfg.causal:
+            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        z = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, n, H * dh)
+        h = self.norm2(h + self.o(z))
+        h = self.norm3(h + self.fc2(F.relu(self.fc1(h))))
+        h = h[:, 2]
+        if cfg.unembed == "bounded":
+            return cfg.tau * h @ F.normalize(self.unembed.weight, dim=1, eps=1e-12).T
+        return self.unembed(h)
+
+    @torch.no_grad()
+    def load_from(self, model: GeoTransformer) -> "Straightforward":
+        """Copy the hooked model's weights (for the equivalence check)."""
+        cfg, blk = self.cfg, model.blocks[0]
+        D, HD = cfg.d_model, cfg.n_heads * cfg.d_head
+        self.tok.weight.copy_(model.embed.W_E)
+        self.pos.weight.copy_(model.pos_embed.W_pos)
+        for lin, W in ((self.q, blk.attn.W_Q), (self.k, blk.attn.W_K), (self.v, blk.attn.W_V)):
+            lin.weight.copy_(W.permute(1, 0, 2).reshape(D, HD).T)
+        self.o.weight.copy_(blk.attn.W_O.reshape(HD, D).T)
+        self.fc1.weight.copy_(blk.mlp.W_in.T)
+        self.fc1.bias.copy_(blk.mlp.b_in)
+        self.fc2.weight.copy_(blk.mlp.W_out.T)
+        self.fc2.bias.copy_(blk.mlp.b_out)
+        self.unembed.weight.copy_(model.unembed.W_U.T)
+        for mine, theirs in ((self.norm1, model.embed_norm), (self.norm2, blk.attn_norm), (self.norm3, blk.mlp_norm)):
+            if hasattr(theirs, "w"):
+                mine.weight.copy_(theirs.w)
+            if hasattr(theirs, "b"):
+                mine.bias.copy_(theirs.b)
+        return self
+
+
+def straightforward_flops(cfg, n: int) -> int:
+    """Matmul FLOPs of one step of (a): fwd + 2x bwd, all 3 positions."""
+    D, Dm, H, dh, C = cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_head, cfg.d_vocab_out
+    per_pos = 4 * D * H * dh + 2 * D * Dm + 2 * 3 * H * dh  # QKVO, MLP, scores + weighted sum
+    return 3 * 2 * n * (3 * per_pos + D * C)
+
+
+# ---- timing ---------------------------------------------------------------------------------------
+def make_step(forward, params, cfg, x, y):
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+
+    def step():
+        loss = F.cross_entropy(forward(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def matmul_gflops(reps: int) -> tuple[float, float]:
+    """Median GFLOP/s of a plain [3830, 128] @ [128, 512] matmul and of a 1024^3 one."""
+    out = []
+    for m, k, n in ((3830, 128, 512), (1024, 1024, 1024)):
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        for _ in range(3):
+            a @ b
+        ts = []
+        for _ in range(max(reps, 10)):
+            t = time.perf_counter()
+            a @ b
+            ts.append(time.perf_counter() - t)
+        out.append(2 * m * k * n / statistics.median(ts) / 1e9)
+    return out[0], out[1]
+
+
+def rel(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def bench_preset(preset: str, p: int, reps: int) -> dict:
+    cfg = make_config(preset, p=p)
+    data = make_dataset(cfg)
+    x, y = data.train
+    test_x = data.test[0]
+    torch.manual_seed(0)
+    hooked = GeoTransformer(cfg)
+    fast_model = GeoTransformer(cfg)
+    plain = Straightforward(cfg).load_from(hooked)
+    with torch.no_grad():  # same function, and the epoch-0 evaluation the training loop does
+        ref = hooked(test_x)
+        err_plain = rel(plain(test_x), ref)
+        err_fast = rel(fast_logits(fast_model, test_x), ref)
+    engines = {
+        "straightforward": make_step(plain, plain.parameters(), cfg, x, y),
+        "hooked": make_step(hooked, hooked.parameters(), cfg, x, y),
+        "fast": make_step(lambda t: fast_logits(fast_model, t), fast_model.parameters(), cfg, x, y),
+    }
+    for step in engines.values():
+        step()
+        step()
+    times = {k: [] for k in engines}
+    for _ in range(reps):
+        for name, step in engines.items():
+            t = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - t)
+    med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    flops = fast_flops(cfg, len(y))
+    return dict(preset=preset, n=len(y), med=med, err_plain=err_plain, err_fast=err_fast, flops=flops,
+                plain_flops=straightforward_flops(cfg, len(y)))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="ln,rms,fb,fb+uniform")
+    ap.add_argument("--p", type=int, default=113)
+    ap.add_argument("--reps", type=int, default=15, help="timed rounds per preset (median reported)")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t_start = time.perf_counter()
+    load0 = os.getloadavg()
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs ({cpu}), "
+          f"load average {load0[0]:.2f}")
+    mm_small, mm_big = matmul_gflops(args.reps)
+    print(f"plain matmul reference: [3830,128]@[128,512] {mm_small:.1f} GFLOP/s, 1024^3 {mm_big:.1f} GFLOP/s\n")
+    hdr = (f"{'preset':12s} {'straightfwd':>11s} {'hooked':>9s} {'fast':>8s} {'fast/straight':>13s} {'speedup':>8s} "
+           f"{'fast GFLOP/ep':>13s} {'fast GFLOP/s':>12s}  {'straight GFLOP/ep':>17s}  {'max |rel err| logits':>20s}")
+    print("median ms per epoch (full-batch forward + backward + AdamW step)")
+    print(hdr)
+    rows = []
+    for preset in args.presets.split(","):
+        r = bench_preset(preset, args.p, args.reps)
+        rows.append(r)
+        m = r["med"]
+        total = sum(r["flops"].values())
+        print(f"{preset:12s} {m['straightforward']:11.1f} {m['hooked']:9.1f} {m['fast']:8.1f} "
+              f"{m['fast'] / m['straightforward']:13.3f} {m['straightforward'] / m['fast']:7.2f}x "
+              f"{total / 1e9:13.3f} {total / 1e9 / (m['fast'] / 1e3):12.1f}  {r['plain_flops'] / 1e9:17.2f}  "
+              f"{max(r['err_plain'], r['err_fast']):20.1e}", flush=True)
+    print()
+    for r in rows:
+        parts = ", ".join(f"{k} {v / 1e9:.3f}" for k, v in r["flops"].items())
+        print(f"fast path FLOP/epoch for {r['preset']} (n = {r['n']}): {parts} GFLOP")
+    load1 = os.getloadavg()
+    print(f"\nload average at the end {load1[0]:.2f}; total benchmark time {time.perf_counter() - t_start:.0f} s")
+    if max(load0[0], load1[0]) > 0.5 + 0.5 * torch.get_num_threads() and torch.get_num_threads() > 1:
+        print("note: other processes were using the CPUs; multi-threaded timings suffer most from that")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The fast path (geolens.fast) against the hooked GeoTransformer: same logits, same gradients.
+
+Every preset x modifier x task at small p and small widths, on the initial weights and on
+"trained-looking" weights (scaled embeddings and projections, non-trivial norm gains/offsets,
+biases), with relative error <= 1e-5 on the logits and on every parameter gradient.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from geolens.config import make_config
+from geolens.errors import GeoError
+from geolens.fast import fast_flops, fast_logits, fast_unsupported_reason
+from geolens.model import GeoTransformer
+from geolens.tasks import make_dataset
+
+TOL = 1e-5
+SMALL = dict(p=23, n_perm=4, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5)
+PRESETS = ["ln", "rms", "none", "sphere", "fb", "sphere_raw"]
+MODIFIERS = ["", "+uniform", "+fourier", "+uniform+fourier"]
+TASKS = ["add", "sub", "mul", "perm"]
+
+
+def _config(preset: str, task: str, **overrides):
+    fields = {**SMALL, "task": task, **overrides}
+    if "fourier" in preset:
+        fields["fourier_init"] = [1, 3, 5]  # the paper's frequencies need p = 113
+    return make_config(preset, **fields)
+
+
+@torch.no_grad()
+def _trained_looking(model: GeoTransformer, seed: int) -> None:
+    """Move the weights away from their initialisation the way training does: larger embeddings
+    and projections (sharper attention), norm gains/offsets and biases away from 1/0."""
+    g = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        noise = torch.randn(param.shape, generator=g)
+        if leaf == "w":
+            param.copy_(0.5 + noise.abs())
+        elif leaf in ("b", "b_in", "b_out"):
+            param.copy_(0.3 * noise)
+        elif leaf in ("W_Q", "W_K"):
+            param.mul_(4.0)
+        elif leaf in ("W_E", "W_pos"):
+            param.mul_(2.0).add_(0.5 * noise)
+        else:
+            param.mul_(2.0)
+
+
+def _grads(model: GeoTransformer, logits: torch.Tensor, labels: torch.Tensor, probe: torch.Tensor):
+    loss = F.cross_entropy(logits, labels) + (logits * probe).sum() / len(labels)
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {n: (None if p.grad is None else p.grad.clone()) for n, p in model.named_parameters()}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def _compare(model: GeoTransformer, tokens: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """Relative errors (fast vs hooked) of the logits and of every parameter gradient; a gradient
+    that is None on one side only counts as an infinite error."""
+    probe = torch.randn(len(labels), model.cfg.d_vocab_out, generator=torch.Generator().manual_seed(7))
+    ref_logits = model(tokens)
+    ref = _grads(model, ref_logits, labels, probe)
+    out_logits = fast_logits(model, tokens)
+    out = _grads(model, out_logits, labels, probe)
+    errors = {"logits": _rel(out_logits.detach(), ref_logits.detach())}
+    for name, g_ref in ref.items():
+        g_out = out[name]
+        if g_ref is None or g_out is None:
+            errors[name] = 0.0 if g_ref is None and g_out is None else float("inf")
+        elif g_ref.norm() == 0:
+            errors[name] = float(g_out.norm())
+        else:
+            errors[name] = _rel(g_out, g_ref)
+    return errors
+
+
+def _assert_close(errors: dict[str, float]) -> None:
+    bad = {k: v for k, v in errors.items() if not v <= TOL}
+    assert not bad, f"fast path differs from the hooked model (relative error > {TOL}): {bad}"
+
+
+CASES = [
+    (preset + mod, task)
+    for preset in PRESETS
+    for mod in MODIFIERS
+    for task in TASKS
+    if not ("fourier" in mod and task == "perm")
+]
+
+
+@pytest.mark.parametrize("trained", [False, True], ids=["init", "trained"])
+@pytest.mark.parametrize("preset,task", CASES)
+def test_logits_and_every_gradient_match_hooked(preset, task, trained):
+    cfg = _config(preset, task, seed=3)
+    assert fast_unsupported_reason(cfg) is None
+    model = GeoTransformer(cfg)
+    if trained:
+        _trained_looking(model, seed=11)
+    tokens, labels = make_dataset(cfg).train
+    _assert_close(_compare(model, tokens, labels))
+
+
+@pytest.mark.parametrize("preset", ["ln", "fb", "rms+uniform"])
+def test_causal_models_match(preset):
+    cfg = _config(preset, "add", causal=True)
+    model = GeoTransformer(cfg)
+    _trained_looking(model, seed=5)
+    tokens, labels = make_dataset(cfg).train
+    _assert_close(_compare(model, tokens, labels))
+
+
+@pytest.mark.parametrize("preset", ["ln", "sphere+uniform"])
+def test_uneven_batches_match(preset):
+    """Batches whose tokens repeat very unevenly (one token in most rows), a single row, and the
+    full input grid exercise the per-token grouping of the backward."""
+    cfg = _config(preset, "add")
+    model = GeoTransformer(cfg)
+    _trained_looking(model, seed=2)
+    data = make_dataset(cfg)
+    g = torch.Generator().manual_seed(0)
+    skewed = data.tokens[torch.randint(0, len(data.tokens), (300,), generator=g)].clone()
+    skewed[:250, 0] = 4
+    skewed[100:, 1] = 9
+    for tokens in (skewed, data.tokens[:1], data.tokens):
+        labels = torch.randint(0, cfg.d_vocab_out, (len(tokens),), generator=g)
+        _assert_close(_compare(model, tokens, labels))
+
+
+def test_no_grad_evaluation_matches():
+    cfg = _config("fb", "add")
+    model = GeoTransformer(cfg)
+    _trained_looking(model, seed=1)
+    tokens = make_dataset(cfg).test[0]
+    with torch.no_grad():
+        ref, out = model(tokens), fast_logits(model, tokens)
+    assert not out.requires_grad
+    assert _rel(out, ref) <= TOL
+
+
+def test_uniform_attention_leaves_query_and_key_without_gradient():
+    cfg = _config("ln+uniform", "add")
+    model = GeoTransformer(cfg)
+    tokens, labels = make_dataset(cfg).train
+    F.cross_entropy(fast_logits(model, tokens), labels).backward()
+    attn = model.blocks[0].attn
+    assert attn.W_Q.grad is None and attn.W_K.grad is None
+    assert attn.W_V.grad is not None and attn.W_O.grad is not None
+
+
+def test_cached_token_indices_follow_in_place_changes():
+    cfg = _config("ln", "add")
+    model = GeoTransformer(cfg)
+    data = make_dataset(cfg)
+    tokens, labels = data.train[0].clone(), data.train[1]
+    fast_logits(model, tokens)  # fills the cache for this tensor
+    tokens[:, :2] = tokens[:, :2].flip(0)  # same object, new content
+    _assert_close(_compare(model, tokens, labels))
+
+
+def test_comparison_detects_a_wrong_gradient():
+    """The check above can fail: a gradient off by 1e-4 (relative) is reported."""
+    cfg = _config("ln", "add")
+    model = GeoTransformer(cfg)
+    tokens, labels = make_dataset(cfg).train
+    errors = _compare(model, tokens, labels)
+    _assert_close(errors)
+    probe = torch.zeros(len(labels), cfg.d_vocab_out)
+    ref = _grads(model, model(tokens), labels, probe)
+    wrong = ref["blocks.0.mlp.W_in"] * (1 + 1e-4)
+    assert _rel(wrong, ref["blocks.0.mlp.W_in"]) > TOL
+    with pytest.raises(AssertionError):
+        _assert_close({**errors, "blocks.0.mlp.W_in": _rel(wrong, ref["blocks.0.mlp.W_in"])})
+
+
+def test_two_layer_models_fall_back_with_a_reason():
+    cfg = _config("ln", "add", n_layers=2)
+    reason = fast_unsupported_reason(cfg)
+    assert isinstance(reason, str) and "n_layers" in reason
+    model = GeoTransformer(cfg)
+    with pytest.raises(GeoError, match="n_layers"):
+        fast_logits(model, make_dataset(cfg).train[0])
+
+
+def test_rejects_rows_with_a_different_last_token():
+    cfg = _config("ln", "add")
+    model = GeoTransformer(cfg)
+    tokens = make_dataset(cfg).train[0].clone()
+    tokens[3, 2] = 0
+    with pytest.raises(GeoError, match="position 2"):
+        fast_logits(model, tokens)
+    with pytest.raises(GeoError, match="shape"):
+        fast_logits(model, tokens[:, :2])
+
+
+def test_flop_count_is_positive_and_grows_with_the_batch():
+    cfg = make_config("ln")
+    small, large = fast_flops(cfg, 100), fast_flops(cfg, 200)
+    assert all(v > 0 for v in small.values())
+    assert large["dense"] == 2 * small["dense"]
+    assert sum(fast_flops(cfg, 100, backward=False).values()) < sum(small.values())
