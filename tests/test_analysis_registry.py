@@ -43,7 +43,7 @@ def test_untrained_p59_model_returns_every_metric():
 
 def test_permutations_skip_fourier_metrics_with_a_reason_and_run_the_rest():
     rows, skipped = _run("ln", task="perm", n_perm=4, **SMALL)
-    fourier_names = {"keyfreq_wl_fft", "keyfreq_neuron", "keyfreq_embed", "fve_paper", "fve_neuron", "restricted_loss",
+    fourier_names = {"wl_spectrum", "keyfreq_wl_fft", "keyfreq_neuron", "keyfreq_embed", "fve_paper", "fve_neuron", "restricted_loss",
                      "excluded_loss", "logit_cos_coeff", "truncated_logit_acc", "distance_irrelevance", "circularity",
                      "clock_pizza", "embed_circles"}
     assert set(skipped) == fourier_names

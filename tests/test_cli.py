@@ -1,22 +1,35 @@
 """The `geolens` command line: one-line errors with non-zero exit, train/info/resume round trip."""
 
 import json
-import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
+
+from geolens.cli import main
 
 TINY = ["--p", "23", "--frac", "0.5", "--set", "d_model=32", "--set", "d_head=8", "--set", "d_mlp=64"]
 
 
-def geolens(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-c", "from geolens.cli import main; main()", *args],
-        capture_output=True, text=True, cwd=cwd, timeout=300,
-    )
+@pytest.fixture
+def geolens(capsys, monkeypatch):
+    """Run `geolens ARGS` in-process through main(); returns returncode, stdout, stderr."""
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["geolens", *map(str, args)])
+        code = 0
+        try:
+            main()
+        except SystemExit as e:
+            code = e.code or 0
+        out = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+    return run
 
 
-def test_train_info_and_resume(tmp_path):
+def test_train_info_and_resume(tmp_path, geolens):
     out = tmp_path / "fb_seed3"
     r = geolens("train", "--preset", "fb", "--task", "add", "--seed", "3", "--epochs", "20", "--eval-every", "5",
                 "--out", str(out), "--quiet", *TINY)
@@ -43,7 +56,7 @@ def test_train_info_and_resume(tmp_path):
         (["train", "--resume", "--out", "{tmp}/missing"], "does not exist"),
     ],
 )
-def test_bad_input_gives_one_line_error(tmp_path, args, needle):
+def test_bad_input_gives_one_line_error(tmp_path, geolens, args, needle):
     r = geolens(*[a.replace("{tmp}", str(tmp_path)) for a in args])
     assert r.returncode != 0
     lines = [line for line in r.stderr.strip().splitlines() if line.strip()]
@@ -52,7 +65,7 @@ def test_bad_input_gives_one_line_error(tmp_path, args, needle):
     assert not (tmp_path / "x").exists()
 
 
-def test_existing_run_is_not_overwritten(tmp_path):
+def test_existing_run_is_not_overwritten(tmp_path, geolens):
     out = tmp_path / "r"
     assert geolens("train", "--epochs", "5", "--eval-every", "5", "--out", str(out), "--quiet", *TINY).returncode == 0
     before = (out / "metrics.csv").read_bytes()
@@ -61,3 +74,12 @@ def test_existing_run_is_not_overwritten(tmp_path):
     assert (out / "metrics.csv").read_bytes() == before
     r = geolens("train", "--epochs", "10", "--eval-every", "5", "--out", str(out), "--quiet", "--force", *TINY)
     assert r.returncode == 0 and (out / "metrics.csv").read_bytes() != before
+
+
+def test_installed_console_script_fails_cleanly(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "geolens"
+    r = subprocess.run([str(script), "train", "--preset", "nope", "--out", str(tmp_path / "x")], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "unknown preset 'nope'" in r.stderr
