@@ -39,18 +39,18 @@ def train(
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
     """Train one run and write its run directory."""
-    from geolens import train as training
-
     named = dict(task=task, p=p, seed=seed, data_seed=data_seed, lr=lr, weight_decay=wd, epochs=epochs,
                  frac_train=frac, eval_every=eval_every, checkpoints=checkpoints, early_stop_after=early_stop)
     overrides = {k: v for k, v in named.items() if v is not None}
     overrides.update(dict(parse_override(s) for s in set_))
+    if resume and force:
+        raise GeoError("--resume and --force contradict each other; choose one")
+    cfg = None if resume else make_config(preset, **overrides)  # validate before the heavy imports
+    from geolens import train as training
+
     if resume:
-        if force:
-            raise GeoError("--resume and --force contradict each other; choose one")
         result = training.resume(out, progress=not quiet, **overrides)
     else:
-        cfg = make_config(preset, **overrides)
         result = training.train(cfg, out, force=force, progress=not quiet)
     _print_summary(result.path)
 
