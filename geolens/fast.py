@@ -1,39 +1,39 @@
-"""Fast exact training path for the one-layer GeoTransformer.
+"""Fast exact training path for the one-layer GeoTransformer (`fast_logits`).
 
-Why it is fast. With one layer only the `=` position (2) reaches the logits, and the residual
-after the embedding depends only on (token, position). Everything up to the MLP's input is then
-a pattern-weighted sum of per-token table rows, so the per-example work is one row-gather-and-sum
-(`F.embedding_bag`) instead of the attention projections and the 128x512 MLP input matmul.
+With one layer only the `=` position (2) reaches the logits, and the residual after the
+embedding depends only on (token, position). So everything before the MLP is built from small
+per-token tables (ordinary autograd, once per call; V = d_vocab, R = 2V+1 rows: [0, V) the token
+at position 0, [V, 2V) the token at position 1, 2V the `=` row):
 
-Tables (ordinary autograd, per call; R = 2V+1 rows: [0, V) token at position 0, [V, 2V) token
-at position 1, 2V the `=` row; F = d_mlp + d_model):
+    T    = N1(W_E[tok] + W_pos[pos])                         [R, D]
+    S    = T @ (W_K[h] q[h]) / sqrt(dh),  q = T[2V] @ W_Q    [R, H]     scores of the `=` query
+    VO   = T @ W_V[h] @ W_O[h]                               [R, H, D]  value-output rows
+    Tab  = VO[r, h] - VO[2V, h] for r < 2V, and the row T[2V] + sum_h VO[2V, h]   [2V*H + 1, D]
 
-    T    = N1(W_E[tok] + W_pos[pos])                      [R, D]
-    Vt   = T @ W_V                                        [R, H, dh]
-    S    = T @ (W_K q) / sqrt(dh),  q = T[2V] @ W_Q       [R, H]   scores of the `=` query
-    Wt   = W_in scaled by the N2 gain (and row-centred for LayerNorm), k = N2 offset @ W_in + b_in
-    Tab  = rows [Vt[r,h] @ W_O[h] @ Wt | Vt[r,h] @ W_O[h]] for every (r, h), plus [T[2V] @ Wt | T[2V]]
+(the softmax weights sum to 1, so the `=` key's rows fold into one constant row; with uniform
+attention the heads are summed and weighted 1/3 in the table). Per example (`_Body`, an
+autograd.Function with a hand-written backward; a, b the tokens at positions 0, 1):
 
-since N2(x) @ W_in + b_in = a(x) * (x @ Wt) + k with a(x) the norm's per-row scale (rstd for
-LayerNorm/RMSNorm, 1/||x|| for the sphere, 1 for none).
+    p    = softmax over keys (a, b, =) of S[a], S[V+b], S[2V]        [B, 3, H]
+    x    = Tab[const] + sum_h p_a,h Tab[a, h] + p_b,h Tab[V+b, h]    [B, D]   (embedding_bag)
+    h    = N2(x);  pre = h @ W_in + b_in = s(x) * (x @ Wt) + k       [B, Dm]
+    h3   = N3(h + relu(pre) @ W_out + b_out)                         [B, D]
+    out  = h3 @ Wr   (W_U, or tau * W_U / ||W_U col|| when bounded)  [B, C]
 
-Per example (`_Body`, a torch.autograd.Function with a hand-written backward):
+where s(x) is N2's row scale (rstd, 1/||x||) and Wt = N2's gain * W_in (row-centred for
+LayerNorm), k = N2's offset @ W_in + b_in: so `pre` is a second embedding bag over the rows
+Tab @ Wt (weights scaled by s(x)) instead of a [B, D] x [D, Dm] matmul (TABLE_MLP_INPUT).
 
-    p    = softmax(S[a], S[V+b], S[2V])                   [B, H, 3]   (1/3 each for uniform)
-    Q    = sum of 13 weighted Tab rows = [x @ Wt | x]     [B, F]      (embedding_bag)
-    h    = N2(x);  pre = a(x) * Q[:, :Dm] + k             [B, D], [B, Dm]
-    h3   = N3(h + relu(pre) @ W_out + b_out)              [B, D]
-    out  = h3 @ Wr   (Wr = W_U, or tau * W_U / ||W_U col|| for the bounded readout)
+Backward: dense matmuls for the readout and the MLP (dL/dW_in from [h | 1]^T dL/dpre), then
+dL/dx goes back onto the table rows and the attention weights by grouping the (example, key)
+pairs per table row into equal-size chunks (two small bmm's and one index_add). Autograd carries
+the table gradients on to W_E, W_pos, N1, W_Q, W_K, W_V, W_O. Causal and non-causal models share
+this path (the mask never touches the `=` query); in uniform mode W_Q and W_K stay out of the
+graph (grad None), as in the hooked model. The hooked GeoTransformer stays the source of truth:
+tests/test_fast.py checks logits and every parameter gradient against it.
 
-The backward pushes dL/dQ back onto the table rows and the attention weights by grouping the
-examples per table row into equal-size chunks (two small bmm's and one index_add), never
-touching a [B, d_model] x [d_model, d_mlp] product. Autograd carries the table gradients to
-W_E, W_pos, the norms, W_Q, W_K, W_V, W_O, W_in, b_in. The causal mask never touches the `=`
-query, so causal and non-causal models share this path; in uniform mode W_Q and W_K stay out of
-the graph (grad None), as in the hooked model.
-
-Stacking many seeds later: every per-example op is a gather along a table's row axis, a
-last-axis reduction, or a (b)mm, so a leading member dimension maps onto offset row indices into
+For a later stacked (many-seed) version: every per-example op is a gather from a table, a
+last-axis reduction or a (b)mm, so a leading member dimension maps onto offset row indices into
 flattened tables and bmm.
 """
 
@@ -53,6 +53,10 @@ from geolens.errors import GeoError
 
 __all__ = ["fast_unsupported_reason", "fast_logits", "fast_flops"]
 
+#: compute the MLP input layer as a second embedding bag over Tab @ Wt (True) or as the dense
+#: matmul [h | 1] @ [W_in; b_in] (False); both are exact, the bag does ~16x fewer multiply-adds.
+TABLE_MLP_INPUT = True
+
 
 def fast_unsupported_reason(cfg: GeoConfig) -> str | None:
     """None when `fast_logits` computes this model exactly, else a one-line reason."""
@@ -68,24 +72,30 @@ def fast_unsupported_reason(cfg: GeoConfig) -> str | None:
 def fast_flops(cfg: GeoConfig, n_examples: int, backward: bool = True) -> dict[str, int]:
     """FLOPs (2 x multiply-adds) of the matmul-like work of one fast forward (+ backward).
 
-    'dense': per-example GEMMs, forward post @ W_out and h3 @ Wr; backward the two gradients of
-    each plus [h | 1]^T @ dL/dpre and dL/dpre @ W_in^T. 'bags': the two embedding bags (rows of
-    d_model and of d_mlp summed per example). 'attention': the backward of the attention
-    (per-row accumulation and pattern gradient, learned attention only). 'tables': per-token
-    table matmuls (about x3 with backward for those that carry gradients). Elementwise work and
-    the padding of the grouped backward are not counted.
+    'dense': per-example matmuls: forward relu(pre) @ W_out and h3 @ Wr (plus [h | 1] @ W_in_aug
+    when not TABLE_MLP_INPUT); backward two per forward matmul of the readout and W_out, plus
+    [h | 1]^T dL/dpre and dL/dpre @ W_in^T. 'bags': the embedding bags (rows of d_model, and of
+    d_mlp for the MLP input). 'attention': the grouped backward onto the table rows and the
+    pattern (learned attention only). 'tables': per-token table matmuls (x3 for those with
+    gradients when backward). Elementwise work and chunk padding are not counted.
     """
     B, D, Dm, C, H, dh = n_examples, cfg.d_model, cfg.d_mlp, cfg.d_vocab_out, cfg.n_heads, cfg.d_head
     R = 2 * cfg.d_vocab + 1
     uniform = cfg.attention == "uniform"
-    dense = 2 * B * (Dm * D + D * C)
+    mult = 3 if backward else 1
+    dense = 2 * B * (Dm * D + D * C) * mult + (0 if TABLE_MLP_INPUT else 2 * B * (D + 1) * Dm)
     if backward:
-        dense += 2 * B * (2 * D * C + 2 * Dm * D + (D + 1) * Dm + Dm * D)
+        dense += 2 * B * 2 * (D + 1) * Dm
     slots = 3 if uniform else 2 * H + 1
-    bags = 2 * B * (slots * D + (slots + 1) * Dm)
-    attention = 0 if uniform or not backward else 2 * B * H * D * 6  # 2 keys x 2 bmm's + 2 thin mm's
-    grad_tables = R * D * H * dh + R * H * dh * D + (0 if uniform else R * D * H + 2 * D * H * dh)
-    tables = 2 * ((3 if backward else 1) * grad_tables + H * dh * D * Dm + R * H * dh * Dm + D * Dm)
+    bags = 2 * B * slots * D + (2 * B * (slots + 1) * Dm if TABLE_MLP_INPUT else 0)
+    attention = 0 if uniform or not backward else 2 * (2 * B) * H * D * 2
+    if uniform:
+        grad_tables = R * D * D + H * dh * D * D
+        mlp_table = R * D * Dm
+    else:
+        grad_tables = R * D * H * dh + R * H * dh * D + R * D * H + 2 * D * H * dh
+        mlp_table = H * dh * D * Dm + R * H * dh * Dm
+    tables = 2 * (mult * grad_tables + (mlp_table + D * Dm if TABLE_MLP_INPUT else 0))
     return {"dense": dense, "bags": bags, "attention": attention, "tables": tables}
 
 
@@ -122,7 +132,8 @@ def _norm_autograd(kind: str, x: Float[Tensor, "... d"], w: Tensor | None, b: Te
 
 
 def _norm_fwd(kind: str, x: Float[Tensor, "B d"], w: Tensor | None, b: Tensor | None, eps: float):
-    """(N(x) [B, d], a [B, 1] or None, saved): a is the row scale (rstd, 1/||x||; None for 'none')."""
+    """(N(x) [B, d], a [B, 1] or None, saved for _norm_bwd); a is the row scale of the norm
+    (rstd for LayerNorm/RMSNorm, 1/max(||x||, eps) for the sphere, None for 'none')."""
     d = x.shape[-1]
     if kind == "layernorm":
         out, mean, rstd = torch.native_layer_norm(x, (d,), w, b, eps)
@@ -163,8 +174,8 @@ class _Plan:
     """Everything about a batch that depends only on its tokens.
 
     rows [2B]: table row of every (example, position) entry, r = a for position 0 and V + b for
-    position 1. slots1 / slots2: bag rows of the two embedding bags (see _Body). The chunk grouping
-    used by the backward (members, ex, chunk_row, slot) is built on first use.
+    position 1. slots [B, n]: the embedding bag's rows (see _Body); slots2 [B, n+1]: the same plus
+    the k row of Tab2. The chunk grouping used by the backward is built on first use.
     """
 
     def __init__(self, tokens: Int[Tensor, "B 3"], V: int, H: int, uniform: bool):
@@ -174,14 +185,13 @@ class _Plan:
         self.same_eq = not B or not bool((tokens[:, 2] != self.eq).any())
         t0, t1 = tokens[:, 0].contiguous(), tokens[:, 1] + V
         self.rows = torch.cat((t0, t1))
-        if uniform:  # Tab128 rows: r in [0, 2V), then the constant row 2V; Tab512 adds k at 2V + 1
-            self.slots1 = torch.stack((t0, t1, torch.full_like(t0, 2 * V)), 1)
-            k_row = 2 * V + 1
-        else:  # rows r * H + h, then the constant row 2V * H; Tab512 adds k at 2V * H + 1
+        if uniform:  # Tab rows r in [0, 2V), then the constant row 2V
+            self.slots = torch.stack((t0, t1, torch.full_like(t0, 2 * V)), 1)
+        else:  # Tab rows r * H + h, then the constant row 2V * H
             ar = torch.arange(H, device=dev)
-            self.slots1 = torch.cat((t0[:, None] * H + ar, t1[:, None] * H + ar, torch.full_like(t0, 2 * V * H)[:, None]), 1)
-            k_row = 2 * V * H + 1
-        self.slots2 = torch.cat((self.slots1, torch.full_like(t0, k_row)[:, None]), 1)
+            self.slots = torch.cat((t0[:, None] * H + ar, t1[:, None] * H + ar, torch.full_like(t0, 2 * V * H)[:, None]), 1)
+        n_tab = int(self.slots[0, -1]) + 1 if B else 0
+        self.slots2 = torch.cat((self.slots, torch.full_like(t0, n_tab)[:, None]), 1)  # + the k row of Tab2
         self._chunks = None
 
     def chunks(self):
@@ -237,147 +247,149 @@ class _Body(torch.autograd.Function):
     """Per-example part of the fast forward (see the module docstring).
 
     Inputs: plan (_Plan), spec (_Spec); S [R, H] scores of the `=` query (None if uniform);
-    VO [n_vo, D] value-output rows (learned: row r*H + h = Vt[r, h] @ W_O[h], r in [0, 2V];
-    uniform: row r = sum_h Vt[r, h] @ W_O[h] / 3); t2 [D] the `=` row of T;
-    Tab128 [n1, D], Tab512 [n1 + 1, Dm] (no grad) the bag tables of x and of x @ Wt (+ the k row);
-    W_in [D, Dm]; b_in [Dm]; w2, b2 (N2 params or None); W_out [Dm, D]; b_out [D];
+    Tab [n_tab, D] rows whose weighted sum is x, the residual at `=` after attention (learned:
+    row r*H + h = VO[r, h] - VO[2V, h] for r in [0, 2V), then the constant row
+    T[2V] + sum_h VO[2V, h]; uniform: row r = sum_h VO[r, h] / 3 for r in [0, 2V), then
+    T[2V] + sum_h VO[2V, h] / 3; VO[r, h] = T[r] @ W_V[h] @ W_O[h]);
+    Tab2 [n_tab + 1, Dm] or None (no grad): Tab @ Wt plus the row k, for the MLP-input bag;
+    W_in_aug [D+1, Dm] = [W_in; b_in]; w2, b2 (N2 params or None); W_out [Dm, D]; b_out [D];
     w3, b3 (N3 params or None); Wr [D, C]. Output: logits [B, C].
     """
 
     @staticmethod
-    def forward(ctx, plan, spec, S, VO, t2, Tab128, Tab512, W_in, b_in, w2, b2, W_out, b_out, w3, b3, Wr):
+    def forward(ctx, plan, spec, S, Tab, Tab2, W_in_aug, w2, b2, W_out, b_out, w3, b3, Wr):
         B, H, V = plan.B, spec.n_heads, spec.d_vocab
         p = None
         if spec.uniform:
-            x = F.embedding_bag(plan.slots1, Tab128, mode="sum")
+            x = F.embedding_bag(plan.slots, Tab, mode="sum")
         else:
             # softmax of the `=` query over its keys (a, b, =), per head: p [B, 3, H]
             s = torch.stack((S.index_select(0, plan.rows[:B]), S.index_select(0, plan.rows[B:]), S[2 * V].expand(B, H)), 1)
             p = (s - s.amax(1, keepdim=True)).exp_()
             p /= p.sum(1, keepdim=True)
-            w1 = torch.empty(B, 2 * H + 1, dtype=p.dtype, device=p.device)
-            w1[:, : 2 * H] = p[:, :2].reshape(B, 2 * H)
-            w1[:, 2 * H] = 1.0
-            x = F.embedding_bag(plan.slots1, Tab128, per_sample_weights=w1, mode="sum")
+            w = torch.empty(B, 2 * H + 1, dtype=p.dtype, device=p.device)  # [p0 | p1 | 1]
+            w[:, : 2 * H] = p[:, :2].reshape(B, 2 * H)
+            w[:, 2 * H] = 1.0
+            x = F.embedding_bag(plan.slots, Tab, per_sample_weights=w, mode="sum")
         h, a, st2 = _norm_fwd(spec.norm, x, w2, b2, spec.eps)
-        # pre = a * (x @ Wt) + k as a second bag over the same rows (weights scaled by a) plus the k row
-        if a is None and spec.uniform:
-            pre = F.embedding_bag(plan.slots2, Tab512, mode="sum")
-        else:
-            n1 = plan.slots1.shape[1]
-            w2b = torch.empty(B, n1 + 1, dtype=x.dtype, device=x.device)
-            if spec.uniform:
-                w2b[:, :n1] = a
-            elif a is None:
-                w2b[:, :n1] = w1
-            else:
-                torch.mul(w1, a, out=w2b[:, :n1])
-            w2b[:, n1] = 1.0
-            pre = F.embedding_bag(plan.slots2, Tab512, per_sample_weights=w2b, mode="sum")
-        post = pre.relu_()
-        h_aug = torch.empty(B, h.shape[1] + 1, dtype=h.dtype, device=h.device)  # [h | 1]: dL/db_in rides on dL/dW_in
+        h_aug = torch.empty(B, h.shape[1] + 1, dtype=h.dtype, device=h.device)  # [h | 1]
         h_aug[:, -1] = 1.0
         h_aug[:, :-1] = h
+        if Tab2 is None:
+            pre = torch.mm(h_aug, W_in_aug)
+        elif a is None and spec.uniform:
+            pre = F.embedding_bag(plan.slots2, Tab2, mode="sum")
+        else:
+            # N2(x) @ W_in + b_in = a * (x @ Wt) + k: the same bag over Tab2 = Tab @ Wt, weights * a, plus k
+            n = plan.slots.shape[1]
+            w2b = torch.empty(B, n + 1, dtype=x.dtype, device=x.device)
+            if spec.uniform:
+                w2b[:, :n] = a
+            elif a is None:
+                w2b[:, :n] = w
+            else:
+                torch.mul(w, a, out=w2b[:, :n])
+            w2b[:, n] = 1.0
+            pre = F.embedding_bag(plan.slots2, Tab2, per_sample_weights=w2b, mode="sum")
+        post = pre.relu_()
         y = torch.addmm(b_out, post, W_out).add_(h)
         h3, _, st3 = _norm_fwd(spec.norm, y, w3, b3, spec.eps)
         logits = h3 @ Wr
         ctx.plan, ctx.spec = plan, spec
         ctx.st2, ctx.st3 = st2, st3
-        ctx.save_for_backward(VO, p, h_aug, post, h3, W_in, W_out, w2, b2, w3, b3, Wr)
+        ctx.save_for_backward(Tab, p, h_aug, post, h3, W_in_aug, W_out, w2, b2, w3, b3, Wr)
         return logits
 
     @staticmethod
     def backward(ctx, g_logits):
         plan, spec = ctx.plan, ctx.spec
-        VO, p, h_aug, post, h3, W_in, W_out, w2, b2, w3, b3, Wr = ctx.saved_tensors
+        Tab, p, h_aug, post, h3, W_in_aug, W_out, w2, b2, w3, b3, Wr = ctx.saved_tensors
         need = ctx.needs_input_grad
         B, H, V = plan.B, spec.n_heads, spec.d_vocab
         D = h_aug.shape[1] - 1
         # readout, N3, MLP (dense)
-        g_Wr = h3.T @ g_logits if need[15] else None
-        g_y, g_w3, g_b3 = _norm_bwd(spec.norm, g_logits @ Wr.T, ctx.st3, w3, b3, need[13], need[14])
+        g_Wr = h3.T @ g_logits if need[12] else None
+        g_y, g_w3, g_b3 = _norm_bwd(spec.norm, g_logits @ Wr.T, ctx.st3, w3, b3, need[10], need[11])
         g_b_out = g_y.sum(0)
         g_W_out = post.T @ g_y
         g_pre = g_y @ W_out.T
         torch.ops.aten.threshold_backward.grad_input(g_pre, post, 0.0, grad_input=g_pre)
-        g_W_in_aug = h_aug.T @ g_pre  # [D+1, Dm]
-        g_h = torch.addmm(g_y, g_pre, W_in.T)
+        g_W_in_aug = h_aug.T @ g_pre  # [D+1, Dm]: dL/dW_in and dL/db_in
+        g_h = torch.addmm(g_y, g_pre, W_in_aug[:D].T)
         del g_pre
-        g_x, g_w2, g_b2 = _norm_bwd(spec.norm, g_h, ctx.st2, w2, b2, need[9], need[10])
-        # x = t2 + sum over keys and heads of p * VO row
-        g_t2 = g_x.sum(0)
-        g_VO = torch.zeros_like(VO)
+        g_x, g_w2, g_b2 = _norm_bwd(spec.norm, g_h, ctx.st2, w2, b2, need[6], need[7])
+        # x = sum of the bag's weighted Tab rows
+        g_Tab = torch.zeros_like(Tab)
         g_S = None
         if spec.uniform:
-            g_VO.index_add_(0, plan.rows[:B], g_x)
-            g_VO.index_add_(0, plan.rows[B:], g_x)
-            g_VO[2 * V] = g_t2
+            g_Tab.index_add_(0, plan.rows[:B], g_x)
+            g_Tab.index_add_(0, plan.rows[B:], g_x)
+            g_Tab[2 * V] = g_x.sum(0)
         else:
-            eq = slice(2 * V * H, 2 * V * H + H)
-            torch.mm(p[:, 2].T, g_x, out=g_VO[eq])
+            g_Tab[2 * V * H] = g_x.sum(0)
             members, ex, chunk_row, slot, shape = plan.chunks()
             G = g_x.index_select(0, ex).view(*shape, D)  # [n_chunks, c, D] rows of g_x per table row
             pw = torch.cat((p[:, 0], p[:, 1], p.new_zeros(1, H))).index_select(0, members).view(*shape, H)
             part = torch.bmm(pw.transpose(1, 2), G)  # [n_chunks, H, D]
-            g_VO[: 2 * V * H].view(2 * V, H * D).index_add_(0, chunk_row, part.view(-1, H * D))
+            g_Tab[: 2 * V * H].view(2 * V, H * D).index_add_(0, chunk_row, part.view(-1, H * D))
             if need[2]:
-                trow = VO[: 2 * V * H].view(2 * V, H, D).index_select(0, chunk_row)  # [n_chunks, H, D]
+                # dL/dp for the keys a, b (the `=` key's rows are folded into the constant row, so its
+                # dL/dp is 0 up to a shift the softmax Jacobian ignores)
+                trow = Tab[: 2 * V * H].view(2 * V, H, D).index_select(0, chunk_row)  # [n_chunks, H, D]
                 g_pk = torch.bmm(G, trow.transpose(1, 2)).view(-1, H).index_select(0, slot)  # [2B, H]
-                g_p = torch.stack((g_pk[:B], g_pk[B:], g_x @ VO[eq].T), 1)  # [B, 3, H]
-                g_s = p * (g_p - (p * g_p).sum(1, keepdim=True))
-                g_S = torch.zeros((2 * V + 1, H), dtype=g_s.dtype, device=g_s.device)
-                g_S.index_add_(0, plan.rows, torch.cat((g_s[:, 0], g_s[:, 1])))
-                g_S[2 * V] = g_s[:, 2].sum(0)
-        return (None, None, g_S, g_VO, g_t2, None, None, g_W_in_aug[:D], g_W_in_aug[D].clone(), g_w2, g_b2,
-                g_W_out, g_b_out, g_w3, g_b3, g_Wr)
+                p0, p1, p2 = p.unbind(1)
+                g_p0, g_p1 = g_pk[:B], g_pk[B:]
+                dot = p0 * g_p0 + p1 * g_p1
+                g_S = torch.zeros((2 * V + 1, H), dtype=dot.dtype, device=dot.device)
+                g_S.index_add_(0, plan.rows, torch.cat((p0 * (g_p0 - dot), p1 * (g_p1 - dot))))
+                g_S[2 * V] = (p2 * dot).sum(0).neg_()
+        return (None, None, g_S, g_Tab, None, g_W_in_aug, g_w2, g_b2, g_W_out, g_b_out, g_w3, g_b3, g_Wr)
 
 
 # ---- tables and the entry point ---------------------------------------------------------------
 def _tables(model, eq: int):
-    """Per-token tables (see _Body for layouts). With autograd: S (None if uniform), VO, t2, Wr.
-    Without (forward only): Tab128, Tab512."""
+    """Per-token tables with autograd (see _Body for the layout): S (None if uniform), Tab, Wr."""
     cfg = model.cfg
     eps = _norm_eps(cfg)
     H, dh, V, D = cfg.n_heads, cfg.d_head, cfg.d_vocab, cfg.d_model
     W_E, W_pos = model.embed.W_E, model.pos_embed.W_pos
-    blk = model.blocks[0]
-    attn, mlp = blk.attn, blk.mlp
+    attn = model.blocks[0].attn
     R_in = torch.cat((W_E + W_pos[0], W_E + W_pos[1], (W_E[eq] + W_pos[2]).unsqueeze(0)))
     T = _norm_autograd(cfg.norm, R_in, *_norm_params(model.embed_norm), eps)  # [R, D]
     t2 = T[-1]
-    Vt = torch.einsum("rd,hde->hre", T, attn.W_V)  # [H, R, dh]
+    W_Vf = attn.W_V.permute(1, 0, 2).reshape(D, H * dh)  # [D, H*dh]
+    W_Of = attn.W_O.reshape(H * dh, D)  # [H*dh, D]
     S = None
     if cfg.attention == "uniform":
-        VO = torch.einsum("hre,hed->rd", Vt, attn.W_O) * (1.0 / 3.0)  # [R, D]
+        VO = T @ ((W_Vf @ W_Of) * (1.0 / 3.0))  # [R, D]: sum over heads of T @ W_V[h] @ W_O[h], / 3
+        Tab = torch.cat((VO[: 2 * V], VO[2 * V :] + t2))
     else:
-        VO = torch.bmm(Vt, attn.W_O).transpose(0, 1).reshape(-1, D)  # [R*H, D], rows r*H + h
+        # p2 = 1 - p0 - p1: token rows relative to the `=` row, plus one constant row
+        Vrel = (T[: 2 * V] - t2) @ W_Vf  # [2V, H*dh]
+        VOrel = torch.bmm(Vrel.view(2 * V, H, dh).transpose(0, 1), attn.W_O)  # [H, 2V, D]
+        const = t2 + (t2 @ W_Vf) @ W_Of
+        Tab = torch.cat((VOrel.transpose(0, 1).reshape(2 * V * H, D), const.unsqueeze(0)))
         q = torch.einsum("d,hde->he", t2, attn.W_Q)
         u = torch.einsum("hde,he->dh", attn.W_K, q) * (1.0 / math.sqrt(dh))
         S = T @ u
-    with torch.no_grad():
-        # N2(x) @ W_in + b_in = a(x) * (x @ Wt) + k
-        w2, b2 = _norm_params(blk.attn_norm)
-        Wt = mlp.W_in if w2 is None else w2[:, None] * mlp.W_in
-        if cfg.norm == "layernorm":
-            Wt = Wt - Wt.mean(0, keepdim=True)
-        k = mlp.b_in if b2 is None else b2 @ mlp.W_in + mlp.b_in
-        vo, t2d = VO.detach(), t2.detach()
-        if cfg.attention == "uniform":
-            Tab128 = torch.cat((vo[: 2 * V], (vo[2 * V] + t2d).unsqueeze(0)))
-            Tab512 = torch.cat((Tab128 @ Wt, k.unsqueeze(0)))
-        else:
-            # p2 = 1 - p0 - p1: token rows relative to the `=` row, plus one constant row
-            vo3 = vo.view(-1, H, D)
-            M = torch.bmm(Vt.detach(), attn.W_O.detach() @ Wt).transpose(0, 1)  # [R, H, Dm] = VO rows @ Wt
-            Tab128 = torch.cat(((vo3[: 2 * V] - vo3[2 * V]).reshape(2 * V * H, D), (t2d + vo3[2 * V].sum(0)).unsqueeze(0)))
-            Tab512 = torch.cat((
-                (M[: 2 * V] - M[2 * V]).reshape(2 * V * H, -1),
-                (t2d @ Wt + M[2 * V].sum(0)).unsqueeze(0),
-                k.unsqueeze(0),
-            ))
+    Tab2 = None
+    if TABLE_MLP_INPUT:
+        with torch.no_grad():
+            blk = model.blocks[0]
+            mlp = blk.mlp
+            w2, b2 = _norm_params(blk.attn_norm)
+            Wt = mlp.W_in if w2 is None else w2[:, None] * mlp.W_in
+            if cfg.norm == "layernorm":
+                Wt = Wt - Wt.mean(0, keepdim=True)
+            k = mlp.b_in if b2 is None else b2 @ mlp.W_in + mlp.b_in
+            if cfg.attention == "uniform":
+                Tab2 = torch.cat((Tab.detach() @ Wt, k.unsqueeze(0)))
+            else:
+                M = torch.bmm(Vrel.detach().view(2 * V, H, dh).transpose(0, 1), attn.W_O.detach() @ Wt)  # [H, 2V, Dm]
+                Tab2 = torch.cat((M.transpose(0, 1).reshape(2 * V * H, -1), (Tab[-1].detach() @ Wt).unsqueeze(0), k.unsqueeze(0)))
     W_U = model.unembed.W_U
     Wr = cfg.tau * W_U / W_U.norm(dim=0, keepdim=True).clamp_min(1e-12) if cfg.unembed == "bounded" else W_U
-    return S, VO, t2, Tab128, Tab512, Wr
+    return S, Tab, Tab2, Wr
 
 
 def fast_logits(model, tokens: Int[Tensor, "batch 3"]) -> Float[Tensor, "batch d_vocab_out"]:
@@ -399,11 +411,11 @@ def fast_logits(model, tokens: Int[Tensor, "batch 3"]) -> Float[Tensor, "batch d
     plan = _plan(tokens, V, cfg.n_heads, uniform)
     if not plan.same_eq:
         raise GeoError("fast path needs the same token at position 2 in every row (the '=' token)")
-    S, VO, t2, Tab128, Tab512, Wr = _tables(model, plan.eq)
+    S, Tab, Tab2, Wr = _tables(model, plan.eq)
     blk = model.blocks[0]
     mlp = blk.mlp
     spec = _Spec(cfg.norm, _norm_eps(cfg), cfg.n_heads, V, cfg.d_mlp, uniform)
     return _Body.apply(
-        plan, spec, S, VO, t2, Tab128, Tab512, mlp.W_in, mlp.b_in,
+        plan, spec, S, Tab, Tab2, torch.cat((mlp.W_in, mlp.b_in.unsqueeze(0))),
         *_norm_params(blk.attn_norm), mlp.W_out, mlp.b_out, *_norm_params(blk.mlp_norm), Wr,
     )

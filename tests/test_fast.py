@@ -206,3 +206,16 @@ def test_flop_count_is_positive_and_grows_with_the_batch():
     assert all(v > 0 for v in small.values())
     assert large["dense"] == 2 * small["dense"]
     assert sum(fast_flops(cfg, 100, backward=False).values()) < sum(small.values())
+
+
+@pytest.mark.parametrize("preset", ["ln", "rms+uniform", "fb", "none+uniform"])
+def test_dense_mlp_input_variant_matches(preset, monkeypatch):
+    """The MLP input layer as a dense matmul (TABLE_MLP_INPUT = False) is exact too."""
+    import geolens.fast as fast
+
+    monkeypatch.setattr(fast, "TABLE_MLP_INPUT", False)
+    cfg = _config(preset, "add")
+    model = GeoTransformer(cfg)
+    _trained_looking(model, seed=4)
+    tokens, labels = make_dataset(cfg).train
+    _assert_close(_compare(model, tokens, labels))
