@@ -196,10 +196,8 @@ def main(argv=None) -> None:
     ap.add_argument("--presets", default="ln,rms,fb,fb+uniform")
     ap.add_argument("--p", type=int, default=113)
     ap.add_argument("--reps", type=int, default=15, help="timed rounds per preset (median reported)")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--threads", default="", help="comma-separated torch thread counts, one table each (default: torch's)")
     args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     load0 = os.getloadavg()
     cpu = platform.processor() or platform.machine()
@@ -208,12 +206,22 @@ def main(argv=None) -> None:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs ({cpu}), "
-          f"load average {load0[0]:.2f}")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs ({cpu}), load average {load0[0]:.2f}")
+    for threads in [int(t) for t in args.threads.split(",") if t.strip()] or [torch.get_num_threads()]:
+        torch.set_num_threads(threads)
+        run_table(args, threads)
+    load1 = os.getloadavg()
+    print(f"load average at the end {load1[0]:.2f}; total benchmark time {time.perf_counter() - t_start:.0f} s")
+    if max(load0[0], load1[0]) > 0.6:
+        print("note: other processes were using the CPUs during this run; multi-threaded timings suffer most")
+
+
+def run_table(args, threads: int) -> None:
     mm_small, mm_big = matmul_gflops(args.reps)
-    print(f"plain matmul reference: [3830,128]@[128,512] {mm_small:.1f} GFLOP/s, 1024^3 {mm_big:.1f} GFLOP/s\n")
+    print(f"\n== {threads} thread(s) ==  plain matmul reference: [3830,128]@[128,512] {mm_small:.1f} GFLOP/s, "
+          f"1024^3 {mm_big:.1f} GFLOP/s")
     hdr = (f"{'preset':12s} {'straightfwd':>11s} {'hooked':>9s} {'fast':>8s} {'fast/straight':>13s} {'speedup':>8s} "
-           f"{'fast GFLOP/ep':>13s} {'fast GFLOP/s':>12s}  {'straight GFLOP/ep':>17s}  {'max |rel err| logits':>20s}")
+           f"{'fast GFLOP/ep':>13s} {'fast GFLOP/s':>12s}  {'straight GFLOP/ep':>17s}  {'max rel err logits':>18s}")
     print("median ms per epoch (full-batch forward + backward + AdamW step)")
     print(hdr)
     rows = []
@@ -225,15 +233,10 @@ def main(argv=None) -> None:
         print(f"{preset:12s} {m['straightforward']:11.1f} {m['hooked']:9.1f} {m['fast']:8.1f} "
               f"{m['fast'] / m['straightforward']:13.3f} {m['straightforward'] / m['fast']:7.2f}x "
               f"{total / 1e9:13.3f} {total / 1e9 / (m['fast'] / 1e3):12.1f}  {r['plain_flops'] / 1e9:17.2f}  "
-              f"{max(r['err_plain'], r['err_fast']):20.1e}", flush=True)
-    print()
+              f"{max(r['err_plain'], r['err_fast']):18.1e}", flush=True)
     for r in rows:
         parts = ", ".join(f"{k} {v / 1e9:.3f}" for k, v in r["flops"].items())
-        print(f"fast path FLOP/epoch for {r['preset']} (n = {r['n']}): {parts} GFLOP")
-    load1 = os.getloadavg()
-    print(f"\nload average at the end {load1[0]:.2f}; total benchmark time {time.perf_counter() - t_start:.0f} s")
-    if max(load0[0], load1[0]) > 0.5 + 0.5 * torch.get_num_threads() and torch.get_num_threads() > 1:
-        print("note: other processes were using the CPUs; multi-threaded timings suffer most from that")
+        print(f"  fast path FLOP/epoch, {r['preset']} (n = {r['n']}): {parts} GFLOP")
 
 
 if __name__ == "__main__":

@@ -219,3 +219,10 @@ def test_dense_mlp_input_variant_matches(preset, monkeypatch):
     _trained_looking(model, seed=4)
     tokens, labels = make_dataset(cfg).train
     _assert_close(_compare(model, tokens, labels))
+
+
+def test_empty_batch():
+    cfg = _config("fb", "add")
+    model = GeoTransformer(cfg)
+    tokens = make_dataset(cfg).train[0][:0]
+    assert fast_logits(model, tokens).shape == (0, cfg.d_vocab_out)
