@@ -61,6 +61,18 @@ def onset_events(rows: list[dict]) -> dict[str, int | None]:
     return {"onset_095": onset, "sustained_099": sustained}
 
 
+def early_stop_due(cfg: GeoConfig, epoch: int, events: dict) -> bool:
+    """Whether `epoch` is at least cfg.early_stop_after epochs past sustained_099."""
+    sustained = events["sustained_099"]
+    return cfg.early_stop_after is not None and sustained is not None and epoch - sustained >= cfg.early_stop_after
+
+
+def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int) -> dict:
+    """run.json contents (without format and timing) of a run that is training."""
+    return {"config": cfg.to_dict(), "versions": package_versions(), "engine": engine, "engine_reason": why,
+            "n_train": n_train, "n_test": n_test, "status": "running"}
+
+
 # ---- optimizer state (de)serialisation -----------------------------------------------------
 def optimizer_tensors(model: GeoTransformer, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
     out = {}
@@ -137,15 +149,7 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
     engine, forward, why = select_forward(model)
     schedule = parse_schedule(cfg.checkpoints)
     last_ckpt = manifest[-1] if manifest else None
-    header = {
-        "config": cfg.to_dict(),
-        "versions": package_versions(),
-        "engine": engine,
-        "engine_reason": why,
-        "n_train": len(train_y),
-        "n_test": len(test_y),
-        "status": "running",
-    }
+    header = run_header(cfg, engine, why, len(train_y), len(test_y))
     prev_timing = run.read_header().get("timing", {}) if resumed else {}
     timing = {"train_s": prev_timing.get("train_s", 0.0), "eval_s": prev_timing.get("eval_s", 0.0),
               "ckpt_s": prev_timing.get("ckpt_s", 0.0), "epochs_timed": prev_timing.get("epochs_timed", 0)}
@@ -170,11 +174,7 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
                 timing["eval_s"] += t2 - t1
                 events = onset_events(rows)
                 done = epoch >= cfg.epochs
-                if (
-                    cfg.early_stop_after is not None
-                    and events["sustained_099"] is not None
-                    and epoch - events["sustained_099"] >= cfg.early_stop_after
-                ):
+                if early_stop_due(cfg, epoch, events):
                     done, stop_reason = True, "early_stop"
                 if done or schedule.wants(epoch, last_ckpt, row):
                     _checkpoint(run, model, opt, epoch, rows, manifest, events, header, timing)
@@ -188,12 +188,18 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
             timing["train_s"] += time.perf_counter() - t3
             timing["epochs_timed"] += 1
             epoch += 1
+    events = finish_run(run, header, rows, start, stop_reason, cfg.eval_every, timing)
+    return TrainResult(run.path, rows, events, engine)
+
+
+def finish_run(run: RunDir, header: dict, rows: list, start: int, stop_reason: str, eval_every: int, timing: dict) -> dict:
+    """Write the final events.json and the finished run.json; returns the events."""
     events = {**onset_events(rows), "stop_reason": stop_reason, "final_epoch": rows[-1]["epoch"] if rows else start,
-              "eval_every": cfg.eval_every}
+              "eval_every": eval_every}
     atomic_write_json(run.events_json, events)
     timing["ms_per_epoch"] = 1000 * timing["train_s"] / max(timing["epochs_timed"], 1)
     run.write_header({**header, "status": "finished", "stop_reason": stop_reason, "timing": timing})
-    return TrainResult(run.path, rows, events, engine)
+    return events
 
 
 @torch.no_grad()
@@ -217,17 +223,24 @@ def _evaluate(model, forward, epoch, loss, logits, train_y, test_x, test_y, elap
 
 
 def _checkpoint(run: RunDir, model, opt, epoch, rows, manifest, events, header, timing) -> None:
-    """Write metrics, the step's weights, the manifest, then the resume state (in that order, so
-    everything a resume state refers to is on disk before it)."""
+    write_checkpoint(run, model.state_dict(), optimizer_tensors(model, opt), epoch, rows, manifest, events, header,
+                     timing, model.cfg.eval_every)
+
+
+def write_checkpoint(run: RunDir, weights: dict[str, Tensor], opt_state: dict[str, Tensor], epoch: int, rows: list,
+                     manifest: list, events: dict, header: dict, timing: dict, eval_every: int) -> None:
+    """Write metrics, the step's weights (a state_dict), the manifest, then the resume state (weights as
+    model.*, `opt_state` as opt.<param>.<key>) in that order, so everything a resume state refers to is
+    on disk before it."""
     from geolens.storage import save_tensors
 
     write_metrics(run.metrics_csv, rows)
-    atomic_write_json(run.events_json, {**events, "eval_every": model.cfg.eval_every})
+    atomic_write_json(run.events_json, {**events, "eval_every": eval_every})
     row = rows[-1]
     info = {k: row[k] for k in ("train_loss", "train_acc", "test_loss", "test_acc")}
-    run.save_checkpoint(epoch, model.state_dict(), manifest, info)
-    state = {f"model.{k}": v for k, v in model.state_dict().items()}
-    state.update(optimizer_tensors(model, opt))
+    run.save_checkpoint(epoch, weights, manifest, info)
+    state = {f"model.{k}": v for k, v in weights.items()}
+    state.update(opt_state)
     state["epoch"] = torch.tensor(epoch)
     save_tensors(run.resume_file, state)
     run.write_header({**header, "timing": timing})
