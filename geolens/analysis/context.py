@@ -9,19 +9,29 @@ intended: the logits are bit-identical to model(tokens); cached activations from
 blocks.{L-1}.hook_resid_mid onwards (mlp.hook_pre/post, hook_mlp_out, mlp_norm.*,
 hook_resid_post) have a position axis of length 1 (the `=` position); everything before, including
 attn_norm.hook_normalized, keeps all three positions.
+
+For one-layer [a, b, =] models (geolens.fast.fast_unsupported_reason(cfg) is None) the same
+logits and cache come from token_table_run instead: the residual before attention depends only on
+(token, position), so everything up to q, k, v is gathered from a [d_vocab, 3] table run, and
+only the attention mixing, W_O, the norms, the `=`-position MLP and the readout run per input.
+Same float32 math up to summation order (tests/test_analysis_speed_paths.py checks every cached
+tensor and every metric against run_with_cache_narrowed).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch import Tensor
 
 from geolens.analysis import clockpizza, fourier, keyfreq
 from geolens.config import GeoConfig
+from geolens.fast import fast_logits, fast_unsupported_reason
 from geolens.errors import GeoError
 from geolens.tasks import Dataset
+from transformer_lens import ActivationCache
 
 N_KEYS = 5
 
@@ -40,6 +50,65 @@ def last_position_forward(model, cfg: GeoConfig):
     positions a and b (usable with gradients: those rows get zero gradient anyway)."""
     hooks = last_position_hooks(cfg)
     return lambda tokens: model.run_with_hooks(tokens, fwd_hooks=hooks)
+
+
+def run_with_cache_narrowed(model, cfg: GeoConfig, tokens: Tensor):
+    """(logits [N, C], ActivationCache) of one no-grad run_with_cache with last_position_hooks."""
+    with torch.no_grad(), model.hooks(fwd_hooks=last_position_hooks(cfg)):
+        return model.run_with_cache(tokens)
+
+
+#: hooks whose value at (input, position) depends only on the token at that position (one layer)
+_TOKEN_HOOKS = ("hook_embed", "hook_pos_embed", "embed_norm.", "blocks.0.hook_resid_pre", "blocks.0.attn.hook_q",
+                "blocks.0.attn.hook_k", "blocks.0.attn.hook_v")
+
+
+def token_table_run(model, cfg: GeoConfig, tokens: Tensor):
+    """run_with_cache_narrowed for a one-layer model on tokens [N, 3], from per-token tables.
+
+    A run_with_cache over the V = d_vocab rows [v, v, v] gives every _TOKEN_HOOKS activation as a
+    table [V, 3, ...]; input n at position i reads row r = 3 tokens[n, i] + i of the flattened
+    table. Scores are gathered from the table (q_r . k_s) / sqrt(d_head) [H, 3V, 3V]; z sums the
+    pattern-weighted v over the 3 keys; the rest of the block runs through the model's own modules
+    and hook points, narrowed as in last_position_hooks. Returns (logits [N, C], ActivationCache
+    with the keys and shapes of run_with_cache_narrowed).
+    """
+    V, P, H, blk = cfg.d_vocab, cfg.n_ctx, cfg.n_heads, model.blocks[0]
+    attn = blk.attn
+    N = tokens.shape[0]
+    rows = (tokens * P + torch.arange(P)).flatten()  # [N * 3] rows of the flattened tables
+    store: dict[str, Tensor] = {}
+
+    def save(act: Tensor, hook) -> None:
+        store[hook.name] = act
+
+    with torch.no_grad():
+        table = torch.arange(V)[:, None].expand(V, P)
+        _, tab = model.run_with_cache(table, names_filter=lambda name: name.startswith(_TOKEN_HOOKS))
+        for name, act in tab.items():
+            store[name] = act.flatten(0, 1).index_select(0, rows).unflatten(0, (N, P))
+        q_tab, k_tab = (tab[f"blocks.0.attn.hook_{x}"].flatten(0, 1).transpose(0, 1) for x in "qk")  # [H, 3V, dh]
+        v = store["blocks.0.attn.hook_v"]  # [N, 3, H, dh]
+        tail = [name for name in model.hook_dict if not name.startswith(_TOKEN_HOOKS)]
+        with model.hooks(fwd_hooks=last_position_hooks(cfg) + [(name, save) for name in tail]):
+            if cfg.attention == "uniform":
+                scores = torch.zeros(N, H, P, P, dtype=v.dtype)
+            else:
+                R = V * P
+                qk = (q_tab @ k_tab.transpose(1, 2) / math.sqrt(cfg.d_head)).flatten()  # [H * R * R]
+                heads = torch.arange(H).view(1, H, 1, 1) * (R * R)
+                scores = qk[heads + rows.view(N, 1, P, 1) * R + rows.view(N, 1, 1, P)]  # [N, H, 3, 3]
+            if cfg.causal:
+                scores = scores.masked_fill(torch.ones(P, P, dtype=torch.bool).triu(1), float("-inf"))
+            pattern = attn.hook_pattern(attn.hook_attn_scores(scores).softmax(dim=-1))
+            w = pattern.permute(0, 2, 3, 1).unsqueeze(-1)  # [N, q, k, H, 1]
+            z = attn.hook_z(sum(w[:, :, j] * v[:, j : j + 1] for j in range(P)))
+            attn_out = blk.hook_attn_out(z.flatten(-2) @ attn.W_O.flatten(0, 1))
+            resid = blk.hook_resid_mid(blk.attn_norm(store["blocks.0.hook_resid_pre"] + attn_out))
+            mlp_out = blk.hook_mlp_out(blk.mlp(resid))
+            resid = blk.hook_resid_post(blk.mlp_norm(resid + mlp_out))
+            logits = model.unembed(resid[:, -1])
+    return logits, ActivationCache(store, model)  # keys in forward order, as run_with_cache
 
 
 class AnalysisContext:
@@ -62,8 +131,9 @@ class AnalysisContext:
     # -- one forward over every input --
     @functools.cached_property
     def _forward(self):
-        with torch.no_grad(), self.model.hooks(fwd_hooks=last_position_hooks(self.cfg)):
-            return self.model.run_with_cache(self.dataset.tokens)
+        if fast_unsupported_reason(self.cfg) is None:
+            return token_table_run(self.model, self.cfg, self.dataset.tokens)
+        return run_with_cache_narrowed(self.model, self.cfg, self.dataset.tokens)
 
     @property
     def logits(self) -> Tensor:
@@ -98,6 +168,13 @@ class AnalysisContext:
     def forward(self, tokens: Tensor) -> Tensor:
         """Logits of `tokens` through the narrowed forward (gradients allowed)."""
         return last_position_forward(self.model, self.cfg)(tokens)
+
+    def grad_forward(self, tokens: Tensor) -> Tensor:
+        """Logits [B, C] of tokens [B, 3] for gradients: geolens.fast.fast_logits (exact up to float
+        rounding, ~1e-6 relative) when the config supports it, else the narrowed forward."""
+        if fast_unsupported_reason(self.cfg) is None:
+            return fast_logits(self.model, tokens)
+        return self.forward(tokens)
 
     # -- weights and activations --
     @functools.cached_property

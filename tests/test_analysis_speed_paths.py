@@ -1,0 +1,58 @@
+"""The fast analysis routes agree with the hooked reference (run_with_cache, hooked gradients)."""
+
+import math
+
+import pytest
+import torch
+
+from geolens.analysis import compute_metrics
+from geolens.analysis import context as context_mod
+from geolens.analysis.context import run_with_cache_narrowed, token_table_run
+from geolens.config import make_config
+from geolens.model import GeoTransformer
+from geolens.tasks import make_dataset
+
+CASES = [
+    ("fb", {}),
+    ("ln", {}),
+    ("rms", {"causal": True}),
+    ("none", {"task": "mul"}),
+    ("sphere_raw", {"attention": "uniform", "task": "sub"}),
+]
+
+
+def _model(preset, kw, p=31):
+    cfg = make_config(preset, p=p, **kw)
+    return GeoTransformer(cfg), cfg, make_dataset(cfg)
+
+
+@pytest.mark.parametrize("preset,kw", CASES)
+def test_token_table_run_matches_run_with_cache(preset, kw):
+    model, cfg, ds = _model(preset, kw)
+    ref_logits, ref = run_with_cache_narrowed(model, cfg, ds.tokens)
+    logits, cache = token_table_run(model, cfg, ds.tokens)
+    assert list(cache.keys()) == list(ref.keys())
+    assert (logits - ref_logits).abs().max() <= 1e-5
+    for name in ref.keys():
+        assert cache[name].shape == ref[name].shape, name
+        assert torch.allclose(cache[name], ref[name], rtol=1e-5, atol=1e-5), name
+    post = "blocks.0.mlp.hook_post"
+    assert (cache[post] - ref[post]).abs().max() <= 1e-5
+
+
+def _close(a: float, b: float) -> bool:
+    """Equal up to float32 rounding; abs_tol 1e-4 covers percent-valued metrics (fve_paper) near 0."""
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-4)
+
+
+@pytest.mark.parametrize("preset,kw", CASES)
+def test_every_metric_matches_the_reference_route(preset, kw, monkeypatch):
+    model, cfg, ds = _model(preset, kw)
+    fast_rows, fast_skipped = compute_metrics(model, cfg, ds)
+    monkeypatch.setattr(context_mod, "fast_unsupported_reason", lambda cfg: "forced reference route")
+    ref_rows, ref_skipped = compute_metrics(model, cfg, ds)
+    assert fast_skipped == ref_skipped and fast_rows.keys() == ref_rows.keys()
+    for name, row in ref_rows.items():
+        assert fast_rows[name].keys() == row.keys(), name
+        for key, value in row.items():
+            assert _close(fast_rows[name][key], value), (name, key, fast_rows[name][key], value)
