@@ -1,4 +1,4 @@
-"""The `geolens` command line: train, info, analyze, probe."""
+"""The `geolens` command line: train, sweep, info, analyze, probe."""
 
 from __future__ import annotations
 
@@ -53,6 +53,60 @@ def train(
     else:
         result = training.train(cfg, out, force=force, progress=not quiet)
     _print_summary(result.path)
+
+
+@app.command()
+def sweep(
+    out: Path = typer.Option(..., help="Parent folder; member i is written to OUT/seed_<seed> (refused if it exists, unless --force)."),
+    seeds: str = typer.Option(..., help="Initialisation seeds: a range '1-10', a list '1,4,7', or both '1-3,8'."),
+    preset: str = typer.Option("fb", help="ln, rms, none, sphere, fb, sphere_raw; modifiers +uniform, +fourier."),
+    task: Optional[str] = typer.Option(None, help="add, sub, mul (Z_p) or perm (S_n)."),
+    p: Optional[int] = typer.Option(None, help="Modulus (prime) for Z_p tasks."),
+    data_seed: Optional[int] = typer.Option(None, help="One split seed for every member (default: each member's seed)."),
+    lr: Optional[float] = typer.Option(None, help="AdamW learning rate."),
+    wd: Optional[float] = typer.Option(None, help="Weight decay (on all parameters)."),
+    epochs: Optional[int] = typer.Option(None, help="Number of full-batch epochs."),
+    frac: Optional[float] = typer.Option(None, help="Training fraction of all pairs."),
+    eval_every: Optional[int] = typer.Option(None, help="Evaluate every N epochs."),
+    checkpoints: Optional[str] = typer.Option(None, help="every:N | log:K | adaptive[:MAXGAP]."),
+    early_stop: Optional[int] = typer.Option(None, help="Stop recording a member N epochs after its test accuracy stays >= 0.99."),
+    set_: list[str] = typer.Option([], "--set", help="Override any config field: --set d_mlp=256 (repeatable)."),
+    force: bool = typer.Option(False, help="Replace existing member runs."),
+    quiet: bool = typer.Option(False, help="No progress bar."),
+) -> None:
+    """Train many seeds as one stacked model in one process; each member is an ordinary run directory."""
+    named = dict(task=task, p=p, lr=lr, weight_decay=wd, epochs=epochs, frac_train=frac, eval_every=eval_every,
+                 checkpoints=checkpoints, early_stop_after=early_stop)
+    overrides = {k: v for k, v in named.items() if v is not None}
+    overrides.update(dict(parse_override(s) for s in set_))
+    seed_list = _seed_list(seeds)
+    cfgs = [make_config(preset, **{**overrides, "seed": s, "data_seed": s if data_seed is None else data_seed})
+            for s in seed_list]
+    from geolens.batched import train_batched
+
+    results = train_batched(cfgs, [out / f"seed_{s}" for s in seed_list], force=force, progress=not quiet)
+    table = Table(title=f"{out}: {len(results)} members")
+    for col in ("run", "seed", "data_seed", "final epoch", "test acc", "onset_095", "sustained_099", "stop"):
+        table.add_column(col)
+    for cfg, res in zip(cfgs, results):
+        ev = res.events
+        table.add_row(res.path.name, str(cfg.seed), str(cfg.data_seed), str(ev["final_epoch"]),
+                      f"{res.rows[-1]['test_acc']:.4f}", str(ev["onset_095"]), str(ev["sustained_099"]), ev["stop_reason"])
+    console.print(table)
+
+
+def _seed_list(text: str) -> list[int]:
+    """'1-3,8' -> [1, 2, 3, 8]; duplicates refused."""
+    seeds: list[int] = []
+    try:
+        for part in (t.strip() for t in text.split(",") if t.strip()):
+            lo, _, hi = part.partition("-") if not part.startswith("-") else (part, "", "")
+            seeds.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
+    except ValueError:
+        raise GeoError(f"--seeds '{text}' must be integers and ranges, e.g. --seeds 1-10 or --seeds 1,4,7") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise GeoError(f"--seeds '{text}' must name at least one seed and no seed twice")
+    return seeds
 
 
 DEMO = dict(preset="fb", task="add", p=113, lr=6e-4, seed=1, data_seed=1, epochs=3000, early_stop_after=300)
