@@ -7,11 +7,13 @@ with token 0 dropped. Frequencies are integers k in 1..n//2.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from geolens.analysis.fourier import basis_freqs, channel_freq_energy, fourier_basis
+from geolens.analysis.fourier import basis_freqs, fourier_basis
 
 NEURON_SHARE_MIN = 0.85  # Nanda: a neuron is "clean" when one frequency holds > 85% of its energy
 EMBED_REL_MIN = 0.25  # keyfreq_embed: frequencies whose norm exceeds max / 4
@@ -54,16 +56,29 @@ def neuron_freq_shares(acts_grid: Float[Tensor, "n n d_mlp"]) -> tuple[Float[Ten
     acts_grid: post-ReLU activations at the `=` position over all inputs, as an n x n grid in
     group order. Returns (shares [d_mlp, K] for k = 1..K, active [d_mlp] bool): a neuron is
     active when its centred energy is nonzero (dead or constant neurons get share 0).
-    Centring removes exactly the const (x) const coefficient, so with E the block energies of
-    fourier.channel_freq_energy the centred total is sum(E) - E[0, 0] and the block of k is
-    E[0, k] + E[k, 0] + E[k, k].
+    With E the block energies of fourier.channel_freq_energy, the block of k is
+    E[0, k] + E[k, 0] + E[k, k] and the centred total is sum(E) - E[0, 0]. Only those are
+    computed: C = F @ grid over a ([n, n, d], one matmul); the const row (F over b of C[0]), the
+    const column (C[1:] summed over b), for each row r > 0 only the (at most two) basis rows of its
+    own frequency over b (a [n-1, 2, n] @ [n-1, n, d] bmm), and the total by Parseval over b:
+    ||C[1:]||^2 + the non-const part of the const row.
     """
-    E = channel_freq_energy(acts_grid)  # [K+1, K+1, d_mlp]
-    raw = E.sum(dim=(0, 1))
-    total = raw - E[0, 0]
-    block = E[0, 1:] + E[1:, 0] + torch.diagonal(E, dim1=0, dim2=1).T[1:]  # [K, d_mlp]
+    n, _, d = acts_grid.shape
+    F = fourier_basis(n, acts_grid.dtype)
+    freq = basis_freqs(n)
+    K1 = n // 2 + 1
+    C = (F @ acts_grid.reshape(n, n * d)).reshape(n, n, d)  # [a-coef, b, d]
+    row0 = (F @ C[0]).square()  # [b-coef, d]: E[0, .] before grouping
+    col0 = (C[1:].sum(1) / math.sqrt(n)).square()  # [n-1, d]: E[., 0] before grouping
+    pad = torch.cat([F, F.new_zeros(1, n)])  # row n: the missing sin of an even n's Nyquist bin
+    own = torch.stack([2 * freq[1:] - 1, torch.where(2 * freq[1:] < n, 2 * freq[1:], n)], dim=1)  # [n-1, 2]
+    diag = torch.bmm(pad[own], C[1:]).square().sum(1)  # [n-1, d]: E[k, k] before grouping
+    block = torch.zeros(K1, d, dtype=C.dtype)
+    block.index_add_(0, freq, row0).index_add_(0, freq[1:], col0 + diag)
+    total = C[1:].reshape(-1, d).square().sum(0) + row0[1:].sum(0)  # Parseval over b
+    raw = total + row0[0]
     active = total > 1e-8 * raw  # float32 rounding of a constant neuron leaves ~1e-10 relative energy
-    shares = torch.where(active, block / total.clamp_min(torch.finfo(total.dtype).tiny), 0.0)
+    shares = torch.where(active, block[1:] / total.clamp_min(torch.finfo(total.dtype).tiny), 0.0)
     return shares.T, active
 
 
