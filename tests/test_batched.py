@@ -1,0 +1,138 @@
+"""Batched training: each member equals its single run, member dirs are ordinary (loadable, resumable) runs."""
+
+import pytest
+import torch
+
+from geolens import train as training
+from geolens.batched import StackedAdamW, check_members, stack_params, train_batched
+from geolens.cli import app
+from geolens.config import make_config
+from geolens.errors import GeoError
+from geolens.model import GeoTransformer
+from geolens.run import load_run
+
+TINY = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, lr=1e-3, epochs=30, eval_every=5,
+            checkpoints="every:10")
+METRIC_KEYS = ("epoch", "train_loss", "train_acc", "test_loss", "test_acc", "weight_norm", "grad_norm", "max_abs_logit")
+
+
+def _final_state(path):
+    run = load_run(path)
+    return run.model_at(run.steps[-1]).state_dict(), run
+
+
+def _assert_same_run(batched_dir, single_dir, atol):
+    wb, rb = _final_state(batched_dir)
+    ws, rs = _final_state(single_dir)
+    for k in ws:
+        torch.testing.assert_close(wb[k], ws[k], rtol=0, atol=atol, msg=k)
+    assert rb.steps == rs.steps
+    assert len(rb.metrics) == len(rs.metrics)
+    for a, b in zip(rb.metrics, rs.metrics):
+        for k in METRIC_KEYS:
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), (a["epoch"], k)
+    assert {k: v for k, v in rb.events.items()} == {k: v for k, v in rs.events.items()}
+
+
+@pytest.mark.parametrize("preset", ["ln", "fb"])
+def test_member_equals_its_single_run(tmp_path, preset):
+    cfgs = [make_config(preset, seed=s, data_seed=s, **TINY) for s in (1, 2, 3)]
+    results = train_batched(cfgs, [tmp_path / f"b{i}" for i in range(3)], progress=False)
+    assert [r.path for r in results] == [tmp_path / f"b{i}" for i in range(3)]
+    training.train(cfgs[1].replace(engine="hooked"), tmp_path / "single", progress=False)
+    _assert_same_run(tmp_path / "b1", tmp_path / "single", atol=2e-6)
+    # members are distinct (own init and split), so this is not a trivial match
+    w0, _ = _final_state(tmp_path / "b0")
+    w1, _ = _final_state(tmp_path / "b1")
+    assert not torch.allclose(w0["embed.W_E"], w1["embed.W_E"])
+    assert load_run(tmp_path / "b0").dataset.train[1].tolist() != load_run(tmp_path / "b1").dataset.train[1].tolist()
+
+
+def test_members_with_their_own_hyperparameters_match(tmp_path):
+    base = make_config("ln", **TINY)
+    cfgs = [base.replace(seed=4, data_seed=9), base.replace(seed=5, data_seed=5, lr=3e-3, weight_decay=0.1, beta2=0.98),
+            base.replace(seed=6, data_seed=6, lr=5e-4, weight_decay=0.0, beta1=0.8)]
+    train_batched(cfgs, [tmp_path / f"b{i}" for i in range(3)], progress=False)
+    for i, cfg in enumerate(cfgs):
+        training.train(cfg.replace(engine="hooked"), tmp_path / f"s{i}", progress=False)
+        _assert_same_run(tmp_path / f"b{i}", tmp_path / f"s{i}", atol=2e-6)
+        assert load_run(tmp_path / f"b{i}").config == cfg
+    # the default engine of a single run (the fast path) agrees to float tolerance too
+    training.train(cfgs[1], tmp_path / "fast", progress=False)
+    _assert_same_run(tmp_path / "b1", tmp_path / "fast", atol=1e-4)
+
+
+def test_stacked_adamw_equals_torch_adamw():
+    cfgs = [make_config("ln", **{**TINY, "seed": s, "lr": lr, "weight_decay": wd, "beta1": b1, "beta2": b2})
+            for s, lr, wd, b1, b2 in ((1, 1e-3, 1.0, 0.9, 0.999), (2, 1e-2, 0.3, 0.7, 0.9))]
+    models = [GeoTransformer(c) for c in cfgs]
+    params = stack_params(models)
+    opt = StackedAdamW(cfgs)
+    torch_opts = [training.make_optimizer(m) for m in models]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        for name, p in params.items():
+            p.grad = torch.randn(p.shape, generator=gen)
+            for i, m in enumerate(models):
+                m.get_parameter(name).grad = p.grad[i].clone()
+        opt.step(params)
+        for o in torch_opts:
+            o.step()
+    for i, (m, o) in enumerate(zip(models, torch_opts)):
+        for name, p in m.named_parameters():
+            torch.testing.assert_close(params[name][i], p.detach(), rtol=1e-6, atol=1e-7)
+        ours, theirs = opt.member_tensors(i), training.optimizer_tensors(m, o)
+        assert ours.keys() == theirs.keys()
+        for k in theirs:
+            torch.testing.assert_close(ours[k], theirs[k], rtol=1e-6, atol=1e-7)
+
+
+def test_member_dirs_load_and_resume(tmp_path):
+    cfgs = [make_config("fb", seed=s, data_seed=s, **{**TINY, "epochs": 20}) for s in (1, 2)]
+    train_batched(cfgs, [tmp_path / "m1", tmp_path / "m2"], progress=False)
+    run = load_run(tmp_path / "m2")
+    assert run.config == cfgs[1] and run.header["status"] == "finished" and run.header["engine"] == "batched"
+    assert run.steps == [0, 10, 20] and [r["epoch"] for r in run.metrics] == [0, 5, 10, 15, 20]
+    training.resume(tmp_path / "m2", progress=False, epochs=40)
+    training.train(cfgs[1].replace(epochs=40, engine="hooked"), tmp_path / "single", progress=False)
+    _assert_same_run(tmp_path / "m2", tmp_path / "single", atol=2e-6)
+    assert load_run(tmp_path / "m2").events["final_epoch"] == 40
+
+
+def test_early_stop_is_per_member(tmp_path):
+    # p = 23 at lr 1e-2 generalises within ~100 epochs for the early member; the batch runs until all stop
+    cfgs = [make_config("fb", seed=s, data_seed=s, **{**TINY, "lr": 1e-2, "epochs": 400, "early_stop_after": 20})
+            for s in (1, 2)]
+    results = train_batched(cfgs, [tmp_path / "a", tmp_path / "b"], progress=False)
+    for cfg, res in zip(cfgs, results):
+        training.train(cfg.replace(engine="hooked"), tmp_path / f"single_{cfg.seed}", progress=False)
+        single = load_run(tmp_path / f"single_{cfg.seed}")
+        assert res.events["final_epoch"] == single.events["final_epoch"]
+        assert res.events["stop_reason"] == single.events["stop_reason"]
+
+
+@pytest.mark.parametrize("field,value", [("d_mlp", 32), ("norm", "rmsnorm"), ("p", 29), ("epochs", 10),
+                                         ("attention", "uniform")])
+def test_mixed_shapes_are_refused_naming_the_field(tmp_path, field, value):
+    a = make_config("ln", **TINY)
+    b = a.replace(**{field: value})
+    with pytest.raises(GeoError, match=f"'{field}'"):
+        check_members([a, b])
+    with pytest.raises(GeoError, match=f"'{field}'"):
+        train_batched([a, b], [tmp_path / "x", tmp_path / "y"], progress=False)
+    assert not (tmp_path / "x").exists()
+
+
+def test_sweep_cli_writes_member_runs_and_refuses_existing(tmp_path, capsys):
+    args = ["sweep", "--preset", "ln", "--p", "23", "--seeds", "2-3,7", "--epochs", "10", "--eval-every", "5",
+            "--frac", "0.5", "--set", "d_model=32", "--set", "d_mlp=64", "--set", "d_head=8", "--quiet",
+            "--out", str(tmp_path / "sw")]
+    app(args, standalone_mode=False)
+    for s in (2, 3, 7):
+        run = load_run(tmp_path / "sw" / f"seed_{s}")
+        assert run.config.seed == s and run.config.data_seed == s and run.metrics[-1]["epoch"] == 10
+    assert "seed_7" in capsys.readouterr().out
+    with pytest.raises(GeoError, match="already exist"):
+        app(args, standalone_mode=False)
+    with pytest.raises(GeoError, match="--seeds"):
+        app(args[:6] + ["1,1"] + args[7:], standalone_mode=False)
