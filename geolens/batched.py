@@ -35,7 +35,7 @@ from geolens.tasks import make_dataset
 from geolens.train import TrainResult, early_stop_due, finish_run, onset_events, run_header, write_checkpoint
 
 #: config fields members of one batch may differ in; every other field must agree
-MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "beta1", "beta2", "preset")
+MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "beta1", "beta2", "early_stop_after", "preset")
 ADAM_EPS = 1e-8
 ENGINE = "batched"
 
