@@ -26,7 +26,7 @@ import math
 import torch
 from torch import Tensor
 
-from geolens.analysis import clockpizza, fourier, keyfreq
+from geolens.analysis import clockpizza, fourier, keyfreq, progress
 from geolens.config import GeoConfig
 from geolens.fast import fast_logits, fast_unsupported_reason
 from geolens.errors import GeoError
@@ -224,6 +224,11 @@ class AnalysisContext:
         if self._pinned_keys is not None:
             return self._pinned_keys
         return keyfreq.keyfreq_wl_fft(self.W_L_group, self.n_keys)
+
+    @functools.cached_property
+    def key_projections(self) -> list[Tensor]:
+        """progress.key_projections of logits_block on each key frequency: [n^2, n] each."""
+        return progress.key_projections(self.logits_block, self.frame, self.key_freqs)
 
     # -- clock / pizza pieces shared by the diagnostics and the verdict --
     @functools.cached_property

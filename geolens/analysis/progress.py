@@ -93,28 +93,31 @@ def _split_means(per_input: Tensor, frame: CyclicFrame, split_masks: dict[str, T
 
 
 def restricted_loss(
-    logits: Float[Tensor, "N p"], frame: CyclicFrame, freqs: Tensor, split_masks: dict[str, Tensor]
+    logits: Float[Tensor, "N p"], frame: CyclicFrame, freqs: Tensor, split_masks: dict[str, Tensor], projs=None
 ) -> dict[str, float]:
     """Cross-entropy of the restricted logits (key-direction part + per-class mean over inputs)
     on each split; split_masks are [N] bool masks over dataset rows. Returns {split: loss}; the
-    paper-standard number is the 'test' one."""
+    paper-standard number is the 'test' one. projs: key_projections(frame.block(logits), frame,
+    freqs) if already computed."""
     block = frame.block(logits)
     n = frame.n
-    kept = block.mean(dim=(0, 1)).expand(n * n, n) + sum(key_projections(block, frame, freqs))
+    projs = key_projections(block, frame, freqs) if projs is None else projs
+    kept = block.mean(dim=(0, 1)).expand(n * n, n) + sum(projs)
     return _split_means(group_cross_entropy(logits, frame, kept), frame, split_masks)
 
 
 def excluded_loss(
-    logits: Float[Tensor, "N p"], frame: CyclicFrame, freqs: Tensor, split_masks: dict[str, Tensor]
+    logits: Float[Tensor, "N p"], frame: CyclicFrame, freqs: Tensor, split_masks: dict[str, Tensor], projs=None
 ) -> dict[str, dict[str, float]]:
     """Cross-entropy of the excluded logits (key-direction part removed): all key frequencies at
     once ('all') and each key frequency alone (keyed by rank '1', '2', ... in the order of freqs).
 
     Returns {split: {'all': loss, '1': loss, ...}}; the paper-standard number is train/'all'.
+    projs: key_projections(frame.block(logits), frame, freqs) if already computed.
     """
     block = frame.block(logits)
     flat = block.reshape(frame.n * frame.n, -1)
-    projs = key_projections(block, frame, freqs)
+    projs = key_projections(block, frame, freqs) if projs is None else projs
     variants = {"all": sum(projs)} if projs else {"all": torch.zeros_like(flat)}
     variants.update({str(r + 1): P for r, P in enumerate(projs)})
     out: dict[str, dict[str, float]] = {name: {} for name in split_masks}

@@ -98,12 +98,12 @@ def m_fve_neuron(ctx: AnalysisContext) -> dict[str, float]:
 
 
 def m_restricted_loss(ctx: AnalysisContext) -> dict[str, float]:
-    res = progress.restricted_loss(ctx.logits, ctx.frame, ctx.key_freqs, ctx.split_masks)
+    res = progress.restricted_loss(ctx.logits, ctx.frame, ctx.key_freqs, ctx.split_masks, projs=ctx.key_projections)
     return {"restricted_loss": res["test"], "restricted_loss_train": res["train"]}
 
 
 def m_excluded_loss(ctx: AnalysisContext) -> dict[str, float]:
-    res = progress.excluded_loss(ctx.logits, ctx.frame, ctx.key_freqs, ctx.split_masks)
+    res = progress.excluded_loss(ctx.logits, ctx.frame, ctx.key_freqs, ctx.split_masks, projs=ctx.key_projections)
     out = {"excluded_loss": res["train"]["all"], "excluded_loss_test": res["test"]["all"]}
     for r in range(ctx.n_keys):
         out[f"excluded_loss_{r + 1}"] = res["train"].get(str(r + 1), float("nan"))
