@@ -1,8 +1,10 @@
 """Batched training: many members (seeds, and configs of one shape) as one stacked model in one process.
 
-Every parameter is stacked over the S members ([S, *shape]); `stacked_logits` runs the hooked
-GeoTransformer forward once per member through torch.func.vmap + functional_call, so the math
-is the model's own. The per-member mean cross-entropies are summed before backward, so each
+Every parameter is stacked over the S members ([S, *shape]). `StackedForward` computes the
+per-member logits: with the fast path (one-layer models, engine auto/fast) it calls fast_logits
+per member on that member's parameter slices, otherwise it vmaps the hooked GeoTransformer
+forward over the members (torch.func.vmap + functional_call); either way the math is a single
+run's. The per-member mean cross-entropies are summed before backward, so each
 member's slice of a stacked gradient is exactly its own gradient. `StackedAdamW` is
 torch.optim.AdamW's update (single-tensor path) written elementwise over the stacked tensors
 with per-member lr / weight decay / betas.
@@ -60,8 +62,55 @@ def stack_params(models: list[GeoTransformer]) -> dict[str, Tensor]:
     return {n: torch.stack([d[n].detach() for d in named]).requires_grad_(True) for n in named[0]}
 
 
+class StackedForward:
+    """forward(params {name: [S, *shape]}, tokens [S][B, n_ctx]) -> per-member logits [S, B, C].
+
+    Engine 'fast' (cfg.engine auto/fast on a model geolens.fast supports): fast_logits per member,
+    through functional_call with that member's parameter slices, so each member's math is exactly a
+    single fast run's; pass the same per-member token tensors every call (fast.py caches their index
+    plans). Engine 'hooked': the hooked forward, vmapped over the members.
+    """
+
+    def __init__(self, model: GeoTransformer):
+        from geolens.fast import fast_unsupported_reason
+
+        cfg = model.cfg
+        self.model = model
+        reason = fast_unsupported_reason(cfg)
+        if cfg.engine == "hooked" or reason is not None:
+            if cfg.engine == "fast":
+                raise GeoError(f"engine=fast cannot run this model: {reason}; use --set engine=auto or engine=hooked")
+            self.engine = "hooked"
+            self.why = "engine=hooked requested" if cfg.engine == "hooked" else f"fast path unsupported ({reason})"
+            self.why += "; members vmapped over the hooked forward"
+        else:
+            self.engine, self.why = "fast", "fast path per member over stacked parameters"
+            self.wrapper = _FastWrapper(model)
+
+    def __call__(self, params: dict[str, Tensor], tokens: list[Tensor]) -> Tensor:
+        if self.engine == "hooked":
+            return stacked_logits(self.model, params, torch.stack(tokens))
+        return torch.stack([
+            torch.func.functional_call(self.wrapper, {f"model.{n}": t[i] for n, t in params.items()}, (x,))
+            for i, x in enumerate(tokens)
+        ])
+
+
+class _FastWrapper(torch.nn.Module):
+    """Module whose forward is fast_logits of the wrapped model (so functional_call can swap its parameters)."""
+
+    def __init__(self, model: GeoTransformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        from geolens.fast import fast_logits
+
+        return fast_logits(self.model, tokens)
+
+
 def stacked_logits(model: GeoTransformer, params: dict[str, Tensor], tokens: Tensor) -> Tensor:
-    """Per-member logits [S, B, C] of tokens [S, B, n_ctx] under params {name: [S, *shape]}."""
+    """Per-member logits [S, B, C] of tokens [S, B, n_ctx] under params {name: [S, *shape]} (hooked forward, vmapped)."""
     return torch.func.vmap(lambda p, x: torch.func.functional_call(model, p, (x,)))(params, tokens)
 
 
@@ -134,11 +183,12 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
     params = stack_params(models)
     opt = StackedAdamW(cfgs)
     data = [make_dataset(c) for c in cfgs]
-    train_x, train_y = (torch.stack(t) for t in zip(*(d.train for d in data)))
-    test_x, test_y = (torch.stack(t) for t in zip(*(d.test for d in data)))
+    train_x, test_x = [d.train[0] for d in data], [d.test[0] for d in data]
+    train_y, test_y = torch.stack([d.train[1] for d in data]), torch.stack([d.test[1] for d in data])
     schedule = parse_schedule(cfg.checkpoints)
-    why = f"{S} members stacked, vmap over the hooked forward"
-    headers = [run_header(c, ENGINE, why, train_y.shape[1], test_y.shape[1]) for c in cfgs]
+    forward = StackedForward(template)
+    why = f"{S} members stacked; {forward.why}"
+    headers = [run_header(c, f"{ENGINE}-{forward.engine}", why, train_y.shape[1], test_y.shape[1]) for c in cfgs]
     timing = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0, "epochs_timed": 0, "members": S}
     for r, h in zip(runs, headers):
         r.write_header({**h, "timing": timing})
@@ -150,7 +200,7 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
     with SweepProgress(cfg.epochs, S, progress, f"{S} x {cfg.preset or cfg.norm} {cfg.task} p={cfg.p}") as bar:
         while True:
             t0 = time.perf_counter()
-            logits = stacked_logits(template, params, train_x)
+            logits = forward(params, train_x)
             losses = member_losses(logits, train_y)
             for p in params.values():
                 p.grad = None
@@ -158,7 +208,7 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
             t1 = time.perf_counter()
             timing["train_s"] += t1 - t0
             if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
-                new_rows = _evaluate(template, params, epoch, losses, logits, train_y, test_x, test_y, t1 - t_start)
+                new_rows = _evaluate(forward, params, epoch, losses, logits, train_y, test_x, test_y, t1 - t_start)
                 t2 = time.perf_counter()
                 timing["eval_s"] += t2 - t1
                 for i in (i for i in range(S) if results[i] is None):
@@ -174,7 +224,7 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
                                          events, headers[i], timing, cfg.eval_every)
                     if done:
                         ev = finish_run(runs[i], headers[i], rows[i], 0, stop_reason, cfg.eval_every, dict(timing))
-                        results[i] = TrainResult(runs[i].path, rows[i], ev, ENGINE)
+                        results[i] = TrainResult(runs[i].path, rows[i], ev, f"{ENGINE}-{forward.engine}")
                 timing["ckpt_s"] += time.perf_counter() - t2
                 bar.update(epoch, [r["test_acc"] for r in new_rows], sum(r is None for r in results))
                 if all(r is not None for r in results):
@@ -188,9 +238,9 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
 
 
 @torch.no_grad()
-def _evaluate(model, params, epoch, losses, logits, train_y, test_x, test_y, elapsed) -> list[dict]:
+def _evaluate(forward, params, epoch, losses, logits, train_y, test_x, test_y, elapsed) -> list[dict]:
     """One metrics row per member (the single-run columns), from the training forward and a test forward."""
-    test_logits = stacked_logits(model, params, test_x)
+    test_logits = forward(params, test_x)
     test_losses = member_losses(test_logits, test_y)
     weight_sq = [0.0] * len(losses)
     grad_sq = [0.0] * len(losses)

@@ -34,12 +34,14 @@ def _assert_same_run(batched_dir, single_dir, atol):
     assert {k: v for k, v in rb.events.items()} == {k: v for k, v in rs.events.items()}
 
 
-@pytest.mark.parametrize("preset", ["ln", "fb"])
-def test_member_equals_its_single_run(tmp_path, preset):
-    cfgs = [make_config(preset, seed=s, data_seed=s, **TINY) for s in (1, 2, 3)]
+@pytest.mark.parametrize("preset,engine", [("ln", "auto"), ("fb", "auto"), ("ln", "hooked"), ("fb+uniform", "hooked")])
+def test_member_equals_its_single_run(tmp_path, preset, engine):
+    # engine auto: fast_logits per member; hooked: the hooked forward vmapped over the members
+    cfgs = [make_config(preset, seed=s, data_seed=s, engine=engine, **TINY) for s in (1, 2, 3)]
     results = train_batched(cfgs, [tmp_path / f"b{i}" for i in range(3)], progress=False)
     assert [r.path for r in results] == [tmp_path / f"b{i}" for i in range(3)]
-    training.train(cfgs[1].replace(engine="hooked"), tmp_path / "single", progress=False)
+    assert {r.engine for r in results} == {"batched-fast" if engine == "auto" else "batched-hooked"}
+    training.train(cfgs[1], tmp_path / "single", progress=False)
     _assert_same_run(tmp_path / "b1", tmp_path / "single", atol=2e-6)
     # members are distinct (own init and split), so this is not a trivial match
     w0, _ = _final_state(tmp_path / "b0")
@@ -54,12 +56,12 @@ def test_members_with_their_own_hyperparameters_match(tmp_path):
             base.replace(seed=6, data_seed=6, lr=5e-4, weight_decay=0.0, beta1=0.8)]
     train_batched(cfgs, [tmp_path / f"b{i}" for i in range(3)], progress=False)
     for i, cfg in enumerate(cfgs):
-        training.train(cfg.replace(engine="hooked"), tmp_path / f"s{i}", progress=False)
+        training.train(cfg, tmp_path / f"s{i}", progress=False)
         _assert_same_run(tmp_path / f"b{i}", tmp_path / f"s{i}", atol=2e-6)
         assert load_run(tmp_path / f"b{i}").config == cfg
-    # the default engine of a single run (the fast path) agrees to float tolerance too
-    training.train(cfgs[1], tmp_path / "fast", progress=False)
-    _assert_same_run(tmp_path / "b1", tmp_path / "fast", atol=1e-4)
+    # the hooked engine agrees to float tolerance too
+    training.train(cfgs[1].replace(engine="hooked"), tmp_path / "hooked", progress=False)
+    _assert_same_run(tmp_path / "b1", tmp_path / "hooked", atol=1e-4)
 
 
 def test_stacked_adamw_equals_torch_adamw():
@@ -91,10 +93,10 @@ def test_member_dirs_load_and_resume(tmp_path):
     cfgs = [make_config("fb", seed=s, data_seed=s, **{**TINY, "epochs": 20}) for s in (1, 2)]
     train_batched(cfgs, [tmp_path / "m1", tmp_path / "m2"], progress=False)
     run = load_run(tmp_path / "m2")
-    assert run.config == cfgs[1] and run.header["status"] == "finished" and run.header["engine"] == "batched"
+    assert run.config == cfgs[1] and run.header["status"] == "finished" and run.header["engine"] == "batched-fast"
     assert run.steps == [0, 10, 20] and [r["epoch"] for r in run.metrics] == [0, 5, 10, 15, 20]
     training.resume(tmp_path / "m2", progress=False, epochs=40)
-    training.train(cfgs[1].replace(epochs=40, engine="hooked"), tmp_path / "single", progress=False)
+    training.train(cfgs[1].replace(epochs=40), tmp_path / "single", progress=False)
     _assert_same_run(tmp_path / "m2", tmp_path / "single", atol=2e-6)
     assert load_run(tmp_path / "m2").events["final_epoch"] == 40
 
@@ -109,7 +111,7 @@ def test_early_stop_is_per_member(tmp_path, monkeypatch):
     assert [(r.events["final_epoch"], r.events["stop_reason"]) for r in results] == [
         (10, "early_stop"), (25, "early_stop"), (40, "completed")]
     for cfg, res in zip(cfgs, results):
-        training.train(cfg.replace(engine="hooked"), tmp_path / f"single_{cfg.seed}", progress=False)
+        training.train(cfg, tmp_path / f"single_{cfg.seed}", progress=False)
         _assert_same_run(res.path, tmp_path / f"single_{cfg.seed}", atol=2e-6)
 
 
