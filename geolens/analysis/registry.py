@@ -1,8 +1,9 @@
 """The metric set of the trajectory layer: name -> MetricSpec, and compute_metrics.
 
 Every metric reads one shared AnalysisContext per checkpoint (context.py). The context runs the
-model once (no-grad run_with_cache over all inputs) and computes the shared pieces lazily and at
-most once: logits, cache, W_L, the cyclic frame, key frequencies, the neuron spectra. Each metric returns a
+model once over all inputs (a no-grad run_with_cache, or its per-token-table equivalent for
+one-layer models) and computes the shared pieces lazily and at most once: logits, cache, W_L, the
+cyclic frame, key frequencies, key projections, the neuron spectra. Each metric returns a
 flat dict of float scalars. `version` is bumped whenever a metric's definition changes (the
 trajectory layer's cache is keyed on it); `applies(cfg)` returns None or the reason the metric is
 skipped for that config.
@@ -283,10 +284,10 @@ def compute_metrics(
     Returns (rows, skipped): rows[name] is the metric's flat dict of floats; skipped[name] is the
     reason a metric does not apply to this config. key_freqs pins the key frequencies (see
     AnalysisContext). num_threads: torch threads for the duration of the call, restored after;
-    None keeps the caller's setting. The default 1 is deliberate: most analysis ops are small and
-    memory-bound, and on cores shared with other processes every 2-thread OpenMP region stalls
-    when the other core is busy (10x slowdowns measured on the 2-core box; see
-    benchmarks/bench_analysis.py and threads.py).
+    None keeps the caller's setting. The default 1 is what measures fastest: most analysis ops are
+    small and memory-bound, and on cores shared with other processes every 2-thread OpenMP region
+    stalls when the other core is busy (1 thread 0.9-1.1 s, 2 threads 0.7-8 s per p = 113
+    checkpoint on the shared 2-core box; see docs/performance.md and threads.py).
     """
     names = list(METRICS) if names is None else list(names)
     unknown = [n for n in names if n not in METRICS]
