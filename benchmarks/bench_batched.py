@@ -1,8 +1,10 @@
 """Batched-seeds benchmark: seed-epochs per second of geolens.batched vs the single-run fast path.
 
     python benchmarks/bench_batched.py                    # presets fb and ln, 1 / 4 / 10 seeds, p = 113
-    python benchmarks/bench_batched.py --reps 2 --seeds 1,4
+    python benchmarks/bench_batched.py --reps 2 --seeds 1,4 --engines fast
 
+Batched engines: 'fast' (fast_logits per member over the stacked parameters, the default for
+one-layer models) and 'hooked' (the hooked forward vmapped over the members).
 One seed-epoch = one member's full-batch training step (forward, cross-entropy, backward, AdamW
 step) on its training split (p = 113, frac 0.3: 3,830 examples). The single-run path is the
 geolens fast path (fast_logits + torch.optim.AdamW, one seed), measured in the same process. Each
@@ -19,7 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from geolens.batched import StackedAdamW, member_losses, stack_params, stacked_logits
+from geolens.batched import StackedAdamW, StackedForward, member_losses, stack_params
 from geolens.config import make_config
 from geolens.fast import fast_logits
 from geolens.model import GeoTransformer
@@ -53,18 +55,19 @@ def single_rate(preset: str, reps: int) -> float:
     return 1.0 / _median_step_s(step, reps)
 
 
-def batched_rate(preset: str, n_seeds: int, reps: int) -> float:
-    """Seed-epochs per second of n_seeds members stacked."""
-    cfgs = [make_config(preset, seed=s, data_seed=s) for s in range(1, n_seeds + 1)]
+def batched_rate(preset: str, engine: str, n_seeds: int, reps: int) -> float:
+    """Seed-epochs per second of n_seeds members stacked, with the batched engine 'fast' or 'hooked'."""
+    cfgs = [make_config(preset, seed=s, data_seed=s, engine=engine) for s in range(1, n_seeds + 1)]
     model = GeoTransformer(cfgs[0])
     params = stack_params([model] + [GeoTransformer(c) for c in cfgs[1:]])
+    forward = StackedForward(model)
     opt = StackedAdamW(cfgs)
     data = [make_dataset(c).train for c in cfgs]
-    x = torch.stack([d[0] for d in data])
+    x = [d[0] for d in data]
     y = torch.stack([d[1] for d in data])
 
     def step():
-        losses = member_losses(stacked_logits(model, params, x), y)
+        losses = member_losses(forward(params, x), y)
         for p in params.values():
             p.grad = None
         losses.sum().backward()
@@ -77,17 +80,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="fb,ln")
     ap.add_argument("--seeds", default="1,4,10", help="batch sizes (members) to measure")
+    ap.add_argument("--engines", default="fast,hooked", help="batched engines to measure (fast, hooked)")
     ap.add_argument("--reps", type=int, default=3, help="timed steps per measurement")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; p = 113, frac 0.3 (3,830 training examples)")
-    print(f"{'preset':<8}{'path':<22}{'seed-epochs/s':>15}{'vs single fast':>16}")
+    print(f"{'preset':<8}{'path':<26}{'seed-epochs/s':>15}{'vs single fast':>16}")
     t_all = time.perf_counter()
     for preset in args.presets.split(","):
         single = single_rate(preset, args.reps)
-        print(f"{preset:<8}{'single, fast path':<22}{single:>15.2f}{1.0:>15.2f}x")
-        for n in (int(s) for s in args.seeds.split(",")):
-            rate = batched_rate(preset, n, args.reps)
-            print(f"{preset:<8}{f'batched, {n} seeds':<22}{rate:>15.2f}{rate / single:>15.2f}x")
+        print(f"{preset:<8}{'single, fast path':<26}{single:>15.2f}{1.0:>15.2f}x")
+        for engine in args.engines.split(","):
+            for n in (int(s) for s in args.seeds.split(",")):
+                rate = batched_rate(preset, engine, n, args.reps)
+                print(f"{preset:<8}{f'batched {engine}, {n} seeds':<26}{rate:>15.2f}{rate / single:>15.2f}x")
     print(f"total {time.perf_counter() - t_all:.0f} s")
 
 
