@@ -24,6 +24,7 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from geolens.analysis import clockpizza, fourier, keyfreq, progress
@@ -69,12 +70,13 @@ def token_table_run(model, cfg: GeoConfig, tokens: Tensor):
     A run_with_cache over the V = d_vocab rows [v, v, v] gives every _TOKEN_HOOKS activation as a
     table [V, 3, ...]; input n at position i reads row r = 3 tokens[n, i] + i of the flattened
     table. Scores are gathered from the table (q_r . k_s) / sqrt(d_head) [H, 3V, 3V]; z sums the
-    pattern-weighted v over the 3 keys; the rest of the block runs through the model's own modules
-    and hook points, narrowed as in last_position_hooks. Returns (logits [N, C], ActivationCache
+    pattern-weighted v over the 3 keys (in place); the MLP at `=` is two addmm's on [N, D] and
+    [N, d_mlp]; the norms and readout are the model's own modules; every value passes through its
+    hook point, narrowed as in last_position_hooks. Returns (logits [N, C], ActivationCache
     with the keys and shapes of run_with_cache_narrowed).
     """
     V, P, H, blk = cfg.d_vocab, cfg.n_ctx, cfg.n_heads, model.blocks[0]
-    attn = blk.attn
+    attn, mlp = blk.attn, blk.mlp
     N = tokens.shape[0]
     rows = (tokens * P + torch.arange(P)).flatten()  # [N * 3] rows of the flattened tables
     store: dict[str, Tensor] = {}
@@ -102,10 +104,15 @@ def token_table_run(model, cfg: GeoConfig, tokens: Tensor):
                 scores = scores.masked_fill(torch.ones(P, P, dtype=torch.bool).triu(1), float("-inf"))
             pattern = attn.hook_pattern(attn.hook_attn_scores(scores).softmax(dim=-1))
             w = pattern.permute(0, 2, 3, 1).unsqueeze(-1)  # [N, q, k, H, 1]
-            z = attn.hook_z(sum(w[:, :, j] * v[:, j : j + 1] for j in range(P)))
+            z = w[:, :, 0] * v[:, :1]  # [N, q, H, dh]
+            for j in range(1, P):
+                z.addcmul_(w[:, :, j], v[:, j : j + 1])
+            z = attn.hook_z(z)
             attn_out = blk.hook_attn_out(z.flatten(-2) @ attn.W_O.flatten(0, 1))
-            resid = blk.hook_resid_mid(blk.attn_norm(store["blocks.0.hook_resid_pre"] + attn_out))
-            mlp_out = blk.hook_mlp_out(blk.mlp(resid))
+            resid = blk.hook_resid_mid(blk.attn_norm(store["blocks.0.hook_resid_pre"] + attn_out))  # [N, 1, D]
+            pre = mlp.hook_pre(torch.addmm(mlp.b_in, resid[:, 0], mlp.W_in).unsqueeze(1))
+            post = mlp.hook_post(F.relu(pre))
+            mlp_out = blk.hook_mlp_out(torch.addmm(mlp.b_out, post[:, 0], mlp.W_out).unsqueeze(1))
             resid = blk.hook_resid_post(blk.mlp_norm(resid + mlp_out))
             logits = model.unembed(resid[:, -1])
     return logits, ActivationCache(store, model)  # keys in forward order, as run_with_cache
