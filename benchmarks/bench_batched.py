@@ -7,8 +7,9 @@ Batched engines: 'fast' (fast_logits per member over the stacked parameters, the
 one-layer models) and 'hooked' (the hooked forward vmapped over the members).
 One seed-epoch = one member's full-batch training step (forward, cross-entropy, backward, AdamW
 step) on its training split (p = 113, frac 0.3: 3,830 examples). The single-run path is the
-geolens fast path (fast_logits + torch.optim.AdamW, one seed), measured in the same process. Each
-measurement takes one untimed warm-up step, then the median of --reps timed steps. Timings on a
+geolens fast path (fast_logits + torch.optim.AdamW, one seed), measured in the same process. All
+setups of a preset step in turn (one untimed round, then --reps timed rounds) and the median per
+setup is reported, so machine load hits them alike. Timings on a
 shared machine are noisy: compare the ratios printed in one run.
 """
 
@@ -29,18 +30,8 @@ from geolens.tasks import make_dataset
 from geolens.train import make_optimizer
 
 
-def _median_step_s(step, reps: int) -> float:
-    step()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def single_rate(preset: str, reps: int) -> float:
-    """Seed-epochs per second of one seed on the fast path."""
+def single_step(preset: str):
+    """One full-batch training step of one seed on the fast path (fast_logits + torch.optim.AdamW)."""
     cfg = make_config(preset, seed=1, data_seed=1)
     model = GeoTransformer(cfg)
     opt = make_optimizer(model)
@@ -52,11 +43,11 @@ def single_rate(preset: str, reps: int) -> float:
         loss.backward()
         opt.step()
 
-    return 1.0 / _median_step_s(step, reps)
+    return step
 
 
-def batched_rate(preset: str, engine: str, n_seeds: int, reps: int) -> float:
-    """Seed-epochs per second of n_seeds members stacked, with the batched engine 'fast' or 'hooked'."""
+def batched_step(preset: str, engine: str, n_seeds: int):
+    """One step of n_seeds members stacked, with the batched engine 'fast' or 'hooked'."""
     cfgs = [make_config(preset, seed=s, data_seed=s, engine=engine) for s in range(1, n_seeds + 1)]
     model = GeoTransformer(cfgs[0])
     params = stack_params([model] + [GeoTransformer(c) for c in cfgs[1:]])
@@ -73,7 +64,19 @@ def batched_rate(preset: str, engine: str, n_seeds: int, reps: int) -> float:
         losses.sum().backward()
         opt.step(params)
 
-    return n_seeds / _median_step_s(step, reps)
+    return step
+
+
+def interleaved_medians(steps: dict[str, object], reps: int) -> dict[str, float]:
+    """Median seconds per step of each entry: one untimed round, then `reps` rounds of one step each, interleaved."""
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for r in range(reps + 1):
+        for key, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            if r:
+                times[key].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main() -> None:
@@ -86,13 +89,16 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; p = 113, frac 0.3 (3,830 training examples)")
     print(f"{'preset':<8}{'path':<26}{'seed-epochs/s':>15}{'vs single fast':>16}")
     t_all = time.perf_counter()
+    sizes = [int(s) for s in args.seeds.split(",")]
     for preset in args.presets.split(","):
-        single = single_rate(preset, args.reps)
-        print(f"{preset:<8}{'single, fast path':<26}{single:>15.2f}{1.0:>15.2f}x")
-        for engine in args.engines.split(","):
-            for n in (int(s) for s in args.seeds.split(",")):
-                rate = batched_rate(preset, engine, n, args.reps)
-                print(f"{preset:<8}{f'batched {engine}, {n} seeds':<26}{rate:>15.2f}{rate / single:>15.2f}x")
+        steps = {("single", 1): single_step(preset)}
+        steps.update({(engine, n): batched_step(preset, engine, n) for engine in args.engines.split(",") for n in sizes})
+        medians = interleaved_medians(steps, args.reps)
+        single = 1.0 / medians[("single", 1)]
+        for (engine, n), sec in medians.items():
+            rate = n / sec
+            label = "single, fast path" if engine == "single" else f"batched {engine}, {n} seeds"
+            print(f"{preset:<8}{label:<26}{rate:>15.2f}{rate / single:>15.2f}x")
     print(f"total {time.perf_counter() - t_all:.0f} s")
 
 
