@@ -87,8 +87,11 @@ def token_table_run(model, cfg: GeoConfig, tokens: Tensor):
     with torch.no_grad():
         table = torch.arange(V)[:, None].expand(V, P)
         _, tab = model.run_with_cache(table, names_filter=lambda name: name.startswith(_TOKEN_HOOKS))
+        gathered: dict[int, Tensor] = {}  # one gather per table tensor (resid_pre is the embed norm's output)
         for name, act in tab.items():
-            store[name] = act.flatten(0, 1).index_select(0, rows).unflatten(0, (N, P))
+            if id(act) not in gathered:
+                gathered[id(act)] = act.flatten(0, 1).index_select(0, rows).unflatten(0, (N, P))
+            store[name] = gathered[id(act)]
         q_tab, k_tab = (tab[f"blocks.0.attn.hook_{x}"].flatten(0, 1).transpose(0, 1) for x in "qk")  # [H, 3V, dh]
         v = store["blocks.0.attn.hook_v"]  # [N, 3, H, dh]
         tail = [name for name in model.hook_dict if not name.startswith(_TOKEN_HOOKS)]
