@@ -1,11 +1,12 @@
 """AnalysisContext: what the metrics of one checkpoint share, computed lazily and at most once.
 
-The one expensive step is a single no-grad run_with_cache over all inputs. It narrows the last
+The one expensive step is a single no-grad forward over all inputs with an activation cache
+(run_with_cache_narrowed, the reference route). It narrows the last
 block's residual stream to the `=` position right after attention (a hook on
 blocks.{L-1}.hook_resid_mid that keeps [:, -1:]): in the last block everything after attention is
 position-wise and only `=` reaches the logits, so the MLP rows of positions a and b cannot change
 any metric, and skipping them removes about half of the forward's work. Consequences, all
-intended: the logits are bit-identical to model(tokens); cached activations from
+intended: the logits are bit-identical to model(tokens) (on the reference route); cached activations from
 blocks.{L-1}.hook_resid_mid onwards (mlp.hook_pre/post, hook_mlp_out, mlp_norm.*,
 hook_resid_post) have a position axis of length 1 (the `=` position); everything before, including
 attn_norm.hook_normalized, keeps all three positions.
@@ -26,13 +27,13 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from transformer_lens import ActivationCache
 
 from geolens.analysis import clockpizza, fourier, keyfreq, progress
 from geolens.config import GeoConfig
-from geolens.fast import fast_logits, fast_unsupported_reason
 from geolens.errors import GeoError
+from geolens.fast import fast_logits, fast_unsupported_reason
 from geolens.tasks import Dataset
-from transformer_lens import ActivationCache
 
 N_KEYS = 5
 
