@@ -234,6 +234,7 @@ class _Plan:
 
 
 _PLANS: dict[int, tuple] = {}
+MAX_PLANS = 32  # a batched sweep holds a train and a test tokens tensor per member: 16 members fit
 
 
 def _plan(tokens: Tensor, V: int, H: int, uniform: bool) -> _Plan:
@@ -243,7 +244,7 @@ def _plan(tokens: Tensor, V: int, H: int, uniform: bool) -> _Plan:
     if hit is not None and hit[0]() is tokens and hit[1] == sig:
         return hit[2]
     plan = _Plan(tokens, V, H, uniform)
-    if len(_PLANS) >= 8:
+    if len(_PLANS) >= MAX_PLANS:
         _PLANS.pop(next(iter(_PLANS)))
     _PLANS[id(tokens)] = (weakref.ref(tokens), sig, plan)
     return plan

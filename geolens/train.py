@@ -23,7 +23,15 @@ from geolens.errors import GeoError
 from geolens.model import GeoTransformer
 from geolens.progress import TrainProgress
 from geolens.schedule import parse_schedule
-from geolens.storage import RunDir, package_versions, read_metrics, write_metrics, atomic_write_json
+from geolens.storage import (
+    RunDir,
+    atomic_write_json,
+    load_tensors,
+    package_versions,
+    read_metrics,
+    save_tensors,
+    write_metrics,
+)
 from geolens.tasks import make_dataset
 
 ONSET_ACC = 0.95
@@ -123,8 +131,6 @@ def resume(out: str | Path, progress: bool = True, **changes) -> TrainResult:
     if bad:
         raise GeoError(f"--resume cannot change {bad}; only {list(RESUMABLE_FIELDS)} may change (start a new run instead)")
     cfg = GeoConfig.from_dict({**header["config"], **changes})
-    from geolens.storage import load_tensors
-
     if not run.resume_file.exists():
         raise GeoError(f"{run.resume_file} is missing: the run has no checkpoint to resume from; retrain with --force")
     state = load_tensors(run.resume_file)
@@ -232,8 +238,6 @@ def write_checkpoint(run: RunDir, weights: dict[str, Tensor], opt_state: dict[st
     """Write metrics, the step's weights (a state_dict), the manifest, then the resume state (weights as
     model.*, `opt_state` as opt.<param>.<key>) in that order, so everything a resume state refers to is
     on disk before it."""
-    from geolens.storage import save_tensors
-
     write_metrics(run.metrics_csv, rows)
     atomic_write_json(run.events_json, {**events, "eval_every": eval_every})
     row = rows[-1]
