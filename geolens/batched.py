@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import Tensor
 
 from geolens.config import GeoConfig
 from geolens.errors import GeoError
 from geolens.model import GeoTransformer
+from geolens.progress import EpochProgress, sweep_stats
 from geolens.schedule import parse_schedule
 from geolens.storage import RunDir
 from geolens.tasks import make_dataset
@@ -197,7 +197,7 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
     results: list[TrainResult | None] = [None] * S
     t_start = time.perf_counter()
     epoch = 0
-    with SweepProgress(cfg.epochs, S, progress, f"{S} x {cfg.preset or cfg.norm} {cfg.task} p={cfg.p}") as bar:
+    with EpochProgress(cfg.epochs, 0, progress, f"{S} x {cfg.preset or cfg.norm} {cfg.task} p={cfg.p}") as bar:
         while True:
             t0 = time.perf_counter()
             logits = forward(params, train_x)
@@ -226,7 +226,7 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
                         ev = finish_run(runs[i], headers[i], rows[i], 0, stop_reason, cfg.eval_every, dict(timing))
                         results[i] = TrainResult(runs[i].path, rows[i], ev, f"{ENGINE}-{forward.engine}")
                 timing["ckpt_s"] += time.perf_counter() - t2
-                bar.update(epoch, [r["test_acc"] for r in new_rows], sum(r is None for r in results))
+                bar.update(epoch, sweep_stats([r["test_acc"] for r in new_rows], sum(r is None for r in results), S))
                 if all(r is not None for r in results):
                     break
             t3 = time.perf_counter()
@@ -267,31 +267,3 @@ def _evaluate(forward, params, epoch, losses, logits, train_y, test_x, test_y, e
         }
         for i in range(len(losses))
     ]
-
-
-class SweepProgress:
-    """Rich progress bar of a batched run: epoch, mean / min test accuracy over members, members still recorded."""
-
-    def __init__(self, total: int, members: int, enabled: bool, label: str):
-        self.members = members
-        self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[stats]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            disable=not enabled,
-        )
-        self.task = self.progress.add_task(label, total=total, stats="")
-
-    def __enter__(self) -> "SweepProgress":
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
-
-    def update(self, epoch: int, test_acc: list[float], active: int) -> None:
-        stats = f"test acc mean {sum(test_acc) / len(test_acc):.3f} min {min(test_acc):.3f}, {active}/{self.members} running"
-        self.progress.update(self.task, completed=epoch, stats=stats)

@@ -1,15 +1,14 @@
-"""A rich progress bar for training: epoch, train/test loss and accuracy."""
+"""A rich progress bar over epochs with a free-text stats column (losses, accuracies)."""
 
 from __future__ import annotations
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
-class TrainProgress:
-    """Context manager; `update(epoch, row)` moves the bar to `epoch` and shows the row's metrics."""
+class EpochProgress:
+    """Context manager; `update(epoch, stats)` moves the bar to `epoch` and shows `stats`."""
 
     def __init__(self, total: int, start: int, enabled: bool, label: str):
-        self.enabled = enabled
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -21,16 +20,25 @@ class TrainProgress:
         )
         self.task = self.progress.add_task(label, total=total, completed=start, stats="")
 
-    def __enter__(self) -> "TrainProgress":
+    def __enter__(self) -> "EpochProgress":
         self.progress.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         self.progress.__exit__(*exc)
 
-    def update(self, epoch: int, row: dict) -> None:
-        stats = (
-            f"loss {row['train_loss']:.3g}/{row['test_loss']:.3g} "
-            f"acc {row['train_acc']:.3f}/{row['test_acc']:.3f} (train/test)"
-        )
+    def update(self, epoch: int, stats: str) -> None:
         self.progress.update(self.task, completed=epoch, stats=stats)
+
+
+def run_stats(row: dict) -> str:
+    """One evaluation row as 'loss train/test acc train/test'."""
+    return (
+        f"loss {row['train_loss']:.3g}/{row['test_loss']:.3g} "
+        f"acc {row['train_acc']:.3f}/{row['test_acc']:.3f} (train/test)"
+    )
+
+
+def sweep_stats(test_acc: list[float], active: int, members: int) -> str:
+    """Test accuracy over the members of a batched run."""
+    return f"test acc mean {sum(test_acc) / len(test_acc):.3f} min {min(test_acc):.3f}, {active}/{members} running"

@@ -21,7 +21,7 @@ from torch import Tensor
 from geolens.config import GeoConfig
 from geolens.errors import GeoError
 from geolens.model import GeoTransformer
-from geolens.progress import TrainProgress
+from geolens.progress import EpochProgress, run_stats
 from geolens.schedule import parse_schedule
 from geolens.storage import (
     RunDir,
@@ -160,7 +160,7 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
     timing = {"train_s": prev_timing.get("train_s", 0.0), "eval_s": prev_timing.get("eval_s", 0.0),
               "ckpt_s": prev_timing.get("ckpt_s", 0.0), "epochs_timed": prev_timing.get("epochs_timed", 0)}
     run.write_header({**header, "timing": timing})
-    bar = TrainProgress(cfg.epochs, start, enabled=progress, label=f"{cfg.preset or cfg.norm} {cfg.task} p={cfg.p}")
+    bar = EpochProgress(cfg.epochs, start, enabled=progress, label=f"{cfg.preset or cfg.norm} {cfg.task} p={cfg.p}")
     stop_reason = "completed"
     t_start = time.perf_counter() - (rows[-1]["elapsed_s"] if rows else 0.0)
     epoch = start
@@ -186,7 +186,7 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
                     _checkpoint(run, model, opt, epoch, rows, manifest, events, header, timing)
                     last_ckpt = manifest[-1]
                 timing["ckpt_s"] += time.perf_counter() - t2
-                bar.update(epoch, row)
+                bar.update(epoch, run_stats(row))
                 if done:
                     break
             t3 = time.perf_counter()
