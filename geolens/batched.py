@@ -34,7 +34,7 @@ from geolens.progress import EpochProgress, sweep_stats
 from geolens.schedule import parse_schedule
 from geolens.storage import RunDir
 from geolens.tasks import make_dataset
-from geolens.train import TrainResult, early_stop_due, finish_run, onset_events, run_header, write_checkpoint
+from geolens.train import TrainResult, choose_engine, early_stop_due, finish_run, onset_events, run_header, write_checkpoint
 
 #: config fields members of one batch may differ in; every other field must agree
 MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "beta1", "beta2", "early_stop_after", "preset")
@@ -72,19 +72,12 @@ class StackedForward:
     """
 
     def __init__(self, model: GeoTransformer):
-        from geolens.fast import fast_unsupported_reason
-
-        cfg = model.cfg
         self.model = model
-        reason = fast_unsupported_reason(cfg)
-        if cfg.engine == "hooked" or reason is not None:
-            if cfg.engine == "fast":
-                raise GeoError(f"engine=fast cannot run this model: {reason}; use --set engine=auto or engine=hooked")
-            self.engine = "hooked"
-            self.why = "engine=hooked requested" if cfg.engine == "hooked" else f"fast path unsupported ({reason})"
+        self.engine, self.why = choose_engine(model.cfg)
+        if self.engine == "hooked":
             self.why += "; members vmapped over the hooked forward"
         else:
-            self.engine, self.why = "fast", "fast path per member over stacked parameters"
+            self.why = "fast path per member over stacked parameters"
             self.wrapper = _FastWrapper(model)
 
     def __call__(self, params: dict[str, Tensor], tokens: list[Tensor]) -> Tensor:

@@ -40,19 +40,28 @@ RESUMABLE_FIELDS = ("epochs", "early_stop_after")
 
 
 # ---- engine selection ------------------------------------------------------------------------
-def select_forward(model: GeoTransformer) -> tuple[str, Callable[[Tensor], Tensor], str]:
-    """(engine name, forward(tokens) -> logits, why). 'auto' takes the fast path when it supports the model."""
-    cfg = model.cfg
+def choose_engine(cfg: GeoConfig) -> tuple[str, str]:
+    """('fast' | 'hooked', why). 'auto' takes the fast path when it supports the model."""
     if cfg.engine == "hooked":
-        return "hooked", model, "engine=hooked requested"
-    from geolens.fast import fast_logits, fast_unsupported_reason
+        return "hooked", "engine=hooked requested"
+    from geolens.fast import fast_unsupported_reason
 
     reason = fast_unsupported_reason(cfg)
     if reason is None:
-        return "fast", lambda tokens: fast_logits(model, tokens), "fast path supports this model"
+        return "fast", "fast path supports this model"
     if cfg.engine == "fast":
         raise GeoError(f"engine=fast cannot run this model: {reason}; use --set engine=auto or engine=hooked")
-    return "hooked", model, f"fast path unsupported ({reason}); using the hooked forward"
+    return "hooked", f"fast path unsupported ({reason}); using the hooked forward"
+
+
+def select_forward(model: GeoTransformer) -> tuple[str, Callable[[Tensor], Tensor], str]:
+    """(engine name, forward(tokens) -> logits, why) for `model` (see choose_engine)."""
+    engine, why = choose_engine(model.cfg)
+    if engine == "hooked":
+        return engine, model, why
+    from geolens.fast import fast_logits
+
+    return engine, lambda tokens: fast_logits(model, tokens), why
 
 
 # ---- events ----------------------------------------------------------------------------------
