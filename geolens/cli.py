@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -17,32 +17,50 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 console = Console()
 err = Console(stderr=True)
 
+# training options shared by `train` and `sweep`
+Preset = Annotated[str, typer.Option(help="ln, rms, none, sphere, fb, sphere_raw; modifiers +uniform, +fourier.")]
+Task = Annotated[Optional[str], typer.Option(help="add, sub, mul (Z_p) or perm (S_n).")]
+Modulus = Annotated[Optional[int], typer.Option("--p", help="Modulus (prime) for Z_p tasks.")]
+Lr = Annotated[Optional[float], typer.Option(help="AdamW learning rate.")]
+Wd = Annotated[Optional[float], typer.Option(help="Weight decay (on all parameters).")]
+Epochs = Annotated[Optional[int], typer.Option(help="Number of full-batch epochs.")]
+Frac = Annotated[Optional[float], typer.Option(help="Training fraction of all pairs.")]
+EvalEvery = Annotated[Optional[int], typer.Option(help="Evaluate every N epochs.")]
+Checkpoints = Annotated[Optional[str], typer.Option(help="every:N | log:K | adaptive[:MAXGAP].")]
+Sets = Annotated[list[str], typer.Option("--set", help="Override any config field: --set d_mlp=256 (repeatable).")]
+Quiet = Annotated[bool, typer.Option(help="No progress bar.")]
+
+
+def _overrides(sets: list[str], **named) -> dict:
+    """Config overrides from the named options that were given, then the --set ones."""
+    out = {k: v for k, v in named.items() if v is not None}
+    out.update(dict(parse_override(text) for text in sets))
+    return out
+
 
 @app.command()
 def train(
     out: Path = typer.Option(..., help="Run directory to create (refused if it exists, unless --resume/--force)."),
-    preset: str = typer.Option("fb", help="ln, rms, none, sphere, fb, sphere_raw; modifiers +uniform, +fourier."),
-    task: Optional[str] = typer.Option(None, help="add, sub, mul (Z_p) or perm (S_n)."),
-    p: Optional[int] = typer.Option(None, help="Modulus (prime) for Z_p tasks."),
+    preset: Preset = "fb",
+    task: Task = None,
+    p: Modulus = None,
     seed: Optional[int] = typer.Option(None, help="Initialisation seed."),
     data_seed: Optional[int] = typer.Option(None, help="Seed of the train/test split."),
-    lr: Optional[float] = typer.Option(None, help="AdamW learning rate."),
-    wd: Optional[float] = typer.Option(None, help="Weight decay (on all parameters)."),
-    epochs: Optional[int] = typer.Option(None, help="Number of full-batch epochs."),
-    frac: Optional[float] = typer.Option(None, help="Training fraction of all pairs."),
-    eval_every: Optional[int] = typer.Option(None, help="Evaluate every N epochs."),
-    checkpoints: Optional[str] = typer.Option(None, help="every:N | log:K | adaptive[:MAXGAP]."),
+    lr: Lr = None,
+    wd: Wd = None,
+    epochs: Epochs = None,
+    frac: Frac = None,
+    eval_every: EvalEvery = None,
+    checkpoints: Checkpoints = None,
     early_stop: Optional[int] = typer.Option(None, help="Stop N epochs after test accuracy stays >= 0.99."),
-    set_: list[str] = typer.Option([], "--set", help="Override any config field: --set d_mlp=256 (repeatable)."),
+    set_: Sets = [],
     resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint."),
     force: bool = typer.Option(False, help="Replace an existing run in --out."),
-    quiet: bool = typer.Option(False, help="No progress bar."),
+    quiet: Quiet = False,
 ) -> None:
     """Train one run and write its run directory."""
-    named = dict(task=task, p=p, seed=seed, data_seed=data_seed, lr=lr, weight_decay=wd, epochs=epochs,
-                 frac_train=frac, eval_every=eval_every, checkpoints=checkpoints, early_stop_after=early_stop)
-    overrides = {k: v for k, v in named.items() if v is not None}
-    overrides.update(dict(parse_override(s) for s in set_))
+    overrides = _overrides(set_, task=task, p=p, seed=seed, data_seed=data_seed, lr=lr, weight_decay=wd, epochs=epochs,
+                           frac_train=frac, eval_every=eval_every, checkpoints=checkpoints, early_stop_after=early_stop)
     if resume and force:
         raise GeoError("--resume and --force contradict each other; choose one")
     cfg = None if resume else make_config(preset, **overrides)  # validate before the heavy imports
@@ -59,26 +77,24 @@ def train(
 def sweep(
     out: Path = typer.Option(..., help="Parent folder; member i is written to OUT/seed_<seed> (refused if it exists, unless --force)."),
     seeds: str = typer.Option(..., help="Initialisation seeds: a range '1-10', a list '1,4,7', or both '1-3,8'."),
-    preset: str = typer.Option("fb", help="ln, rms, none, sphere, fb, sphere_raw; modifiers +uniform, +fourier."),
-    task: Optional[str] = typer.Option(None, help="add, sub, mul (Z_p) or perm (S_n)."),
-    p: Optional[int] = typer.Option(None, help="Modulus (prime) for Z_p tasks."),
+    preset: Preset = "fb",
+    task: Task = None,
+    p: Modulus = None,
     data_seed: Optional[int] = typer.Option(None, help="One split seed for every member (default: each member's seed)."),
-    lr: Optional[float] = typer.Option(None, help="AdamW learning rate."),
-    wd: Optional[float] = typer.Option(None, help="Weight decay (on all parameters)."),
-    epochs: Optional[int] = typer.Option(None, help="Number of full-batch epochs."),
-    frac: Optional[float] = typer.Option(None, help="Training fraction of all pairs."),
-    eval_every: Optional[int] = typer.Option(None, help="Evaluate every N epochs."),
-    checkpoints: Optional[str] = typer.Option(None, help="every:N | log:K | adaptive[:MAXGAP]."),
+    lr: Lr = None,
+    wd: Wd = None,
+    epochs: Epochs = None,
+    frac: Frac = None,
+    eval_every: EvalEvery = None,
+    checkpoints: Checkpoints = None,
     early_stop: Optional[int] = typer.Option(None, help="Stop recording a member N epochs after its test accuracy stays >= 0.99."),
-    set_: list[str] = typer.Option([], "--set", help="Override any config field: --set d_mlp=256 (repeatable)."),
+    set_: Sets = [],
     force: bool = typer.Option(False, help="Replace existing member runs."),
-    quiet: bool = typer.Option(False, help="No progress bar."),
+    quiet: Quiet = False,
 ) -> None:
     """Train many seeds as one stacked model in one process; each member is an ordinary run directory."""
-    named = dict(task=task, p=p, lr=lr, weight_decay=wd, epochs=epochs, frac_train=frac, eval_every=eval_every,
-                 checkpoints=checkpoints, early_stop_after=early_stop)
-    overrides = {k: v for k, v in named.items() if v is not None}
-    overrides.update(dict(parse_override(s) for s in set_))
+    overrides = _overrides(set_, task=task, p=p, lr=lr, weight_decay=wd, epochs=epochs, frac_train=frac,
+                           eval_every=eval_every, checkpoints=checkpoints, early_stop_after=early_stop)
     seed_list = _seed_list(seeds)
     cfgs = [make_config(preset, **{**overrides, "seed": s, "data_seed": s if data_seed is None else data_seed})
             for s in seed_list]
