@@ -53,13 +53,14 @@ class Probe:
 def probe_run(run, step: int) -> Probe:
     from geolens.analysis import compute_metrics
     from geolens.analysis.circuit import direct_logit_attribution
+    from geolens.analysis.eqforward import eq_from_cache
 
     nearest = run.nearest_step(step)
     model = run.model_at(nearest)
     metrics, skipped = compute_metrics(model, run.config, run.dataset, num_threads=1)
     with torch.no_grad():
-        _, cache = model.run_with_cache(run.dataset.tokens)
-    dla = direct_logit_attribution(model, run.config, cache, run.dataset.labels)
+        logits, cache = model.run_with_cache(run.dataset.tokens)
+    dla = direct_logit_attribution(model, run.config, eq_from_cache(logits, cache, run.config), run.dataset.labels)
     return Probe(step, nearest, model, cache, metrics, skipped, dla)
 
 

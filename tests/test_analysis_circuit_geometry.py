@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from geolens.analysis import circuit, geometry
+from geolens.analysis import circuit, eqforward, geometry
 from geolens.analysis.context import AnalysisContext
 from geolens.config import make_config
 from geolens.model import GeoTransformer
@@ -23,7 +23,7 @@ def _ctx(preset, n_layers=1, p=13, **kw):
 def test_dla_components_add_up_to_the_real_score(preset, n_layers):
     ctx = _ctx(preset, n_layers)
     cfg = ctx.cfg
-    res = circuit.direct_logit_attribution(ctx.model, cfg, ctx.cache, ctx.labels, per_input_neurons=True)
+    res = circuit.direct_logit_attribution(ctx.model, cfg, ctx.eq, ctx.labels, per_input_neurons=True)
     logits, y = ctx.logits, ctx.labels
     correct = logits.gather(1, y[:, None])[:, 0]
     diff = correct - (logits.sum(1) - correct) / (logits.shape[1] - 1)
@@ -44,16 +44,18 @@ def test_dla_components_add_up_to_the_real_score(preset, n_layers):
 
 def test_attention_from_eq_is_a_distribution_and_uniform_is_a_third():
     ctx = _ctx("ln")
-    mean, per_input = circuit.attention_from_eq(ctx.cache)
+    mean, per_input = circuit.attention_from_eq(ctx.eq)
     assert mean.shape == (2, 3) and per_input.shape == (13 * 13, 2, 3)
     assert torch.allclose(per_input.sum(-1), torch.ones(13 * 13, 2))
     uni = _ctx("ln+uniform")
-    assert torch.allclose(circuit.attention_from_eq(uni.cache)[0], torch.full((2, 3), 1 / 3))
+    assert torch.allclose(circuit.attention_from_eq(uni.eq)[0], torch.full((2, 3), 1 / 3))
 
 
 def test_attention_view_renders_html():
     ctx = _ctx("ln")
-    view = circuit.attention_view(ctx.cache, 5, tokens=["0", "5", "="])
+    with torch.no_grad():
+        _, cache = ctx.model.run_with_cache(ctx.dataset.tokens)
+    view = circuit.attention_view(cache, 5, tokens=["0", "5", "="])
     assert "<" in str(view)
 
 
@@ -87,13 +89,21 @@ def test_effective_rank():
 
 def test_resid_norm_is_one_at_every_projected_hook_of_a_sphere_model():
     ctx = _ctx("fb", n_layers=2)
-    res = geometry.resid_norm(ctx.cache, ctx.cfg)
+    res = geometry.resid_norm(ctx.eq, ctx.cfg)
     assert res["sphere_err"] < 1e-5
     for name in ("blocks.0.hook_resid_pre", "blocks.0.hook_resid_mid", "blocks.1.hook_resid_mid", "blocks.1.hook_resid_post"):
         assert res[name] == pytest.approx(1.0, abs=1e-5)
     assert abs(res["hook_embed"] - 1.0) > 0.1  # before the projection: not unit norm
-    assert geometry.projected_hooks(ctx.cfg) == ["embed_norm.hook_normalized"] + [
+    assert eqforward.projected_hooks(ctx.cfg) == ["embed_norm.hook_normalized"] + [
         f"blocks.{l}.{n}_norm.hook_normalized" for l in (0, 1) for n in ("attn", "mlp")]
-    assert ctx.cache["blocks.1.attn_norm.hook_normalized"].shape[1] == 3  # all positions checked
+    # every position of the first block's projections is checked, not only `=`
+    assert ctx.eq.projected[1].shape == (13 * 13 * 3, 16)
     ln = _ctx("ln")
-    assert "sphere_err" not in geometry.resid_norm(ln.cache, ln.cfg) and geometry.projected_hooks(ln.cfg) == []
+    assert "sphere_err" not in geometry.resid_norm(ln.eq, ln.cfg) and eqforward.projected_hooks(ln.cfg) == []
+
+
+def test_resid_norm_sees_a_broken_projection():
+    ctx = _ctx("fb")
+    eq = ctx.eq
+    eq.projected[0][0] *= 2  # one embedding row off the sphere
+    assert geometry.resid_norm(eq, ctx.cfg)["sphere_err"] == pytest.approx(1.0, abs=1e-5)

@@ -88,7 +88,6 @@ def test_context_forward_is_exact_and_shared():
         ref = model(ds.tokens)
         assert torch.allclose(ctx.logits, ref, atol=1e-6, rtol=0)
         assert torch.allclose(last_position_forward(model, cfg)(ds.tokens[:7]), model(ds.tokens[:7]), atol=1e-6, rtol=0)
-    assert ctx.cache is ctx.cache and ctx.acts.shape == (23 * 23, 64)
-    assert ctx.cache["blocks.0.mlp.hook_post"].shape[1] == 1  # only the `=` position after attention
-    assert ctx.cache["blocks.0.attn.hook_pattern"].shape == (23 * 23, 2, 3, 3)
+    assert ctx.eq is ctx.eq and ctx.acts.shape == (23 * 23, 64)
+    assert ctx.eq["blocks.0.attn.hook_pattern"].shape == (23 * 23, 2, 3)  # the `=` query's row
     assert not model.hook_dict["blocks.0.hook_resid_mid"].fwd_hooks  # hooks removed afterwards

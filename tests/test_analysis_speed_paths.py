@@ -7,7 +7,7 @@ import torch
 
 from geolens.analysis import compute_metrics
 from geolens.analysis import context as context_mod
-from geolens.analysis.context import run_with_cache_narrowed, token_table_run
+from geolens.analysis.eqforward import eq_forward_tables, eq_from_cache, eq_hooks
 from geolens.config import make_config
 from geolens.model import GeoTransformer
 from geolens.tasks import make_dataset
@@ -27,17 +27,19 @@ def _model(preset, kw, p=31):
 
 
 @pytest.mark.parametrize("preset,kw", CASES)
-def test_token_table_run_matches_run_with_cache(preset, kw):
+def test_eq_forward_tables_matches_run_with_cache(preset, kw):
     model, cfg, ds = _model(preset, kw)
-    ref_logits, ref = run_with_cache_narrowed(model, cfg, ds.tokens)
-    logits, cache = token_table_run(model, cfg, ds.tokens)
-    assert list(cache.keys()) == list(ref.keys())
-    assert (logits - ref_logits).abs().max() <= 1e-5
-    for name in ref.keys():
-        assert cache[name].shape == ref[name].shape, name
-        assert torch.allclose(cache[name], ref[name], rtol=1e-5, atol=1e-5), name
-    post = "blocks.0.mlp.hook_post"
-    assert (cache[post] - ref[post]).abs().max() <= 1e-5
+    with torch.no_grad():
+        ref = eq_from_cache(*model.run_with_cache(ds.tokens), cfg)
+    eq = eq_forward_tables(model, cfg, ds.tokens)
+    assert eq.values.keys() == ref.values.keys() == set(eq_hooks(cfg))
+    assert (eq.logits - ref.logits).abs().max() <= 1e-5
+    for name, value in ref.values.items():
+        assert eq[name].shape == value.shape, name
+        assert torch.allclose(eq[name], value, rtol=1e-5, atol=1e-5), name
+    assert len(eq.projected) == len(ref.projected) == (3 if cfg.norm == "sphere" else 0)
+    for x in eq.projected:
+        assert (x.norm(dim=-1) - 1).abs().max() < 1e-5
 
 
 def _close(a: float, b: float) -> bool:

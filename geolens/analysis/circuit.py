@@ -29,6 +29,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from geolens.analysis.eqforward import EqActivations
 from geolens.analysis.fourier import cos_index, fourier_basis, sin_index
 from geolens.analysis.threads import single_thread
 from geolens.config import GeoConfig
@@ -49,35 +50,34 @@ def logit_diff_directions(W: Float[Tensor, "d_model C"]) -> Float[Tensor, "d_mod
     return W - (W.sum(1, keepdim=True) - W) / (C - 1)
 
 
-def _norm_linear(cfg: GeoConfig, norm, x: Tensor, scale: Tensor | None) -> Tensor:
-    """The linear part of a post-norm at a frozen per-input scale [N, 1] (or 1), applied to x."""
+def _norm_linear(cfg: GeoConfig, norm, x: Tensor) -> Tensor:
+    """The linear part of a post-norm at scale 1, applied to x [..., d_model] (at a frozen
+    per-input scale s it is this / s)."""
     if cfg.norm == "layernorm":
-        return (x - x.mean(-1, keepdim=True)) / scale * norm.w.detach()
+        return (x - x.mean(-1, keepdim=True)) * norm.w.detach()
     if cfg.norm == "rmsnorm":
-        return x / scale * norm.w.detach()
-    if cfg.norm == "sphere":
-        return x / scale
+        return x * norm.w.detach()
     return x
 
 
-def _norm_linear_T(cfg: GeoConfig, norm, g: Tensor, scale: Tensor | None) -> Tensor:
-    """Transpose of _norm_linear: pulls a readout direction g back through the norm, so that
-    _norm_linear(x) . g == x . _norm_linear_T(g) for every x (LayerNorm's centring is symmetric)."""
+def _norm_linear_T(cfg: GeoConfig, norm, g: Tensor) -> Tensor:
+    """Transpose of _norm_linear at scale 1: pulls readout directions g [..., d_model] back
+    through the norm, so that _norm_linear(x, 1) . g == x . _norm_linear_T(g) for every x
+    (LayerNorm's centring is symmetric); at scale s the pulled-back direction is this / s."""
     if cfg.norm == "layernorm":
-        h = g * norm.w.detach() / scale
+        h = g * norm.w.detach()
         return h - h.mean(-1, keepdim=True)
     if cfg.norm == "rmsnorm":
-        return g * norm.w.detach() / scale
-    if cfg.norm == "sphere":
-        return g / scale
+        return g * norm.w.detach()
     return g
 
 
-def _offset_score(cfg: GeoConfig, norm, g: Tensor) -> Tensor:
-    """Score of the norm's additive offset (LayerNorm b) along g: [N] (0 for other norms)."""
+def _offset_score(cfg: GeoConfig, norm, const_score) -> Tensor | float:
+    """Score of the norm's additive offset (LayerNorm b) via const_score(vector) -> [N]; 0 for
+    other norms."""
     if cfg.norm == "layernorm":
-        return g @ norm.b.detach()
-    return torch.zeros(g.shape[0], dtype=g.dtype)
+        return const_score(norm.b.detach())
+    return 0.0
 
 
 @dataclass
@@ -109,45 +109,57 @@ class DLAResult:
 
 
 def direct_logit_attribution(
-    model, cfg: GeoConfig, cache, labels: Int[Tensor, "N"], per_input_neurons: bool = False
+    model, cfg: GeoConfig, eq: EqActivations, labels: Int[Tensor, "N"], per_input_neurons: bool = False
 ) -> DLAResult:
-    """Direct logit attribution of the correct-class score at `=` for every input of the cache.
+    """Direct logit attribution of the correct-class score at `=` for every input.
 
-    cache: ActivationCache of model.run_with_cache(tokens) (the `=` position is read as [:, -1],
-    so a cache narrowed to that position works too); labels: [N] correct classes.
+    eq: activations at `=` (eqforward.EqActivations: AnalysisContext.eq, or
+    eqforward.eq_from_cache of a run_with_cache); labels: [N] correct classes.
 
-    Instead of pushing every component forward through the norms, the per-input score direction
-    (correct column minus mean of the others) is pulled back through each norm once
-    (_norm_linear_T) and every component is dotted with the direction valid where it enters the
-    residual stream; the two are equal because each frozen norm is linear.
+    Instead of pushing every component forward through the norms, the score direction (correct
+    column minus mean of the others) is pulled back through each norm (_norm_linear_T) and every
+    component is dotted with the direction valid where it enters the residual stream; the two
+    are equal because each frozen norm is linear. A frozen norm is a fixed linear map divided by
+    the input's scale, so the direction for input n is f[n] * G[:, labels[n]]: one [d_model, C]
+    table G pulled back per norm and one per-input factor f [N].
     per_input_neurons=True also returns the [N, d_mlp] per-input neuron scores (memory heavy).
     """
-    D = logit_diff_directions(readout_directions(model, cfg))
-    g = D.T[labels]  # [N, d_model] direction of the score at the final residual stream
+    D = logit_diff_directions(readout_directions(model, cfg))  # [d_model, C]
+    G = D
     N = labels.shape[0]
-    scale = lambda name: None if cfg.norm == "none" else cache[name][:, -1]  # noqa: E731  [N, 1]
-    actual = (cache[f"blocks.{cfg.n_layers - 1}.hook_resid_post"][:, -1] * g).sum(-1)
+    f = torch.ones(N, dtype=G.dtype)
 
+    def score(x: Tensor) -> Tensor:  # x [N, d_model] -> [N] along each input's direction
+        return (x * G.T[labels]).sum(-1) * f
+
+    def const_score(x: Tensor) -> Tensor:  # a vector [d_model] shared by every input -> [N]
+        return (G.T @ x)[labels] * f
+
+    def pull_back(norm, scale_name: str) -> None:
+        nonlocal G, f
+        G = _norm_linear_T(cfg, norm, G.T).T
+        if cfg.norm != "none":
+            f = f / eq[scale_name][:, 0]
+
+    actual = score(eq[f"blocks.{cfg.n_layers - 1}.hook_resid_post"])
     comps: dict[str, Tensor] = {}
-    bias = torch.zeros(N, dtype=g.dtype)
+    bias = torch.zeros(N, dtype=G.dtype)
     for l in reversed(range(cfg.n_layers)):
         block = model.blocks[l]
         # x2 = mlp_norm(x1 + mlp_out): mlp_out (and b_out) enter before mlp_norm
-        bias = bias + _offset_score(cfg, block.mlp_norm, g)
-        g = _norm_linear_T(cfg, block.mlp_norm, g, scale(f"blocks.{l}.mlp_norm.hook_scale"))
-        b_out = block.mlp.b_out.detach()
-        comps[f"mlp_L{l}"] = (cache[f"blocks.{l}.hook_mlp_out"][:, -1] * g).sum(-1) - g @ b_out
-        bias = bias + g @ b_out
+        bias = bias + _offset_score(cfg, block.mlp_norm, const_score)
+        pull_back(block.mlp_norm, f"blocks.{l}.mlp_norm.hook_scale")
+        b_out = const_score(block.mlp.b_out.detach())
+        comps[f"mlp_L{l}"] = score(eq[f"blocks.{l}.hook_mlp_out"]) - b_out
+        bias = bias + b_out
         # x1 = attn_norm(resid_pre + heads)
-        bias = bias + _offset_score(cfg, block.attn_norm, g)
-        g = _norm_linear_T(cfg, block.attn_norm, g, scale(f"blocks.{l}.attn_norm.hook_scale"))
-        z = cache[f"blocks.{l}.attn.hook_z"][:, -1]  # [N, H, d_head]
-        W_O = block.attn.W_O.detach()  # [H, d_head, d_model]
-        head_dirs = torch.einsum("hed,nd->nhe", W_O, g)
-        head_scores = (z * head_dirs).sum(-1)  # [N, H]
+        bias = bias + _offset_score(cfg, block.attn_norm, const_score)
+        pull_back(block.attn_norm, f"blocks.{l}.attn_norm.hook_scale")
+        head_dirs = torch.einsum("hed,dc->che", block.attn.W_O.detach(), G)  # [C, H, d_head]
+        head_scores = (eq[f"blocks.{l}.attn.hook_z"] * head_dirs[labels]).sum(-1) * f[:, None]  # [N, H]
         for h in range(cfg.n_heads):
             comps[f"L{l}H{h}"] = head_scores[:, h]
-    comps["embed_pos"] = (cache["blocks.0.hook_resid_pre"][:, -1] * g).sum(-1)
+    comps["embed_pos"] = score(eq["blocks.0.hook_resid_pre"])
     comps["bias"] = bias
     order = ["embed_pos"] + [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     order += [f"mlp_L{l}" for l in range(cfg.n_layers)] + ["bias"]
@@ -155,11 +167,10 @@ def direct_logit_attribution(
     total = torch.stack(list(comps.values())).sum(0)
 
     # neurons of the last MLP: score_n(x) = post_n(x) / scale(x) * M[n, y(x)], M = lin(W_out) @ D
-    last = model.blocks[cfg.n_layers - 1]
-    post = cache[f"blocks.{cfg.n_layers - 1}.mlp.hook_post"][:, -1]  # [N, d_mlp]
-    s = scale(f"blocks.{cfg.n_layers - 1}.mlp_norm.hook_scale")
-    M = _norm_linear(cfg, last.mlp_norm, last.mlp.W_out.detach(), 1.0) @ D  # [d_mlp, C]
-    weighted = post if s is None else post / s
+    last, L = model.blocks[cfg.n_layers - 1], cfg.n_layers - 1
+    post = eq[f"blocks.{L}.mlp.hook_post"]  # [N, d_mlp]
+    M = _norm_linear(cfg, last.mlp_norm, last.mlp.W_out.detach()) @ D  # [d_mlp, C]
+    weighted = post if cfg.norm == "none" else post / eq[f"blocks.{L}.mlp_norm.hook_scale"]
     per_class = torch.zeros(D.shape[1], post.shape[1], dtype=post.dtype).index_add_(0, labels, weighted)
     neurons = (per_class.T * M).sum(1) / N
     per_input = weighted * M.T[labels] if per_input_neurons else None
@@ -172,9 +183,9 @@ def direct_logit_attribution(
 
 
 # ---- attention at `=` -------------------------------------------------------------------------
-def attention_from_eq(cache, layer: int = 0) -> tuple[Float[Tensor, "H 3"], Float[Tensor, "N H 3"]]:
+def attention_from_eq(eq: EqActivations, layer: int = 0) -> tuple[Float[Tensor, "H 3"], Float[Tensor, "N H 3"]]:
     """Attention of the `=` query onto (a, b, =) per head: (mean over inputs, per input)."""
-    pattern = cache[f"blocks.{layer}.attn.hook_pattern"][:, :, -1, :]  # [N, H, key pos]
+    pattern = eq[f"blocks.{layer}.attn.hook_pattern"]  # [N, H, key pos]
     return pattern.mean(0), pattern
 
 

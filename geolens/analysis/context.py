@@ -1,35 +1,22 @@
 """AnalysisContext: what the metrics of one checkpoint share, computed lazily and at most once.
 
-The one expensive step is a single no-grad forward over all inputs with an activation cache
-(run_with_cache_narrowed, the reference route). It narrows the last
-block's residual stream to the `=` position right after attention (a hook on
-blocks.{L-1}.hook_resid_mid that keeps [:, -1:]): in the last block everything after attention is
-position-wise and only `=` reaches the logits, so the MLP rows of positions a and b cannot change
-any metric, and skipping them removes about half of the forward's work. Consequences, all
-intended: the logits are bit-identical to model(tokens) (on the reference route); cached activations from
-blocks.{L-1}.hook_resid_mid onwards (mlp.hook_pre/post, hook_mlp_out, mlp_norm.*,
-hook_resid_post) have a position axis of length 1 (the `=` position); everything before, including
-attn_norm.hook_normalized, keeps all three positions.
-
-For one-layer [a, b, =] models (geolens.fast.fast_unsupported_reason(cfg) is None) the same
-logits and cache come from token_table_run instead: the residual before attention depends only on
-(token, position), so everything up to q, k, v is gathered from a [d_vocab, 3] table run, and
-only the attention mixing, W_O, the norms, the `=`-position MLP and the readout run per input.
-Same float32 math up to summation order (tests/test_analysis_speed_paths.py checks every cached
-tensor and every metric against run_with_cache_narrowed).
+The one expensive step is a single no-grad forward over all inputs that keeps the activations at
+the `=` position (eqforward.EqActivations): from per-token tables for one-layer [a, b, =] models
+(eqforward.eq_forward_tables), otherwise from a run_with_cache narrowed to `=` after the last
+attention (run_with_cache_narrowed: in the last block everything after attention is
+position-wise and only `=` reaches the logits, so the MLP rows of positions a and b are never
+computed). Both give the logits of model(tokens) up to float32 summation order.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
-from transformer_lens import ActivationCache
 
 from geolens.analysis import clockpizza, fourier, keyfreq, progress
+from geolens.analysis.eqforward import EqActivations, eq_forward_tables, eq_from_cache
 from geolens.config import GeoConfig
 from geolens.errors import GeoError
 from geolens.fast import fast_logits, fast_unsupported_reason
@@ -60,68 +47,6 @@ def run_with_cache_narrowed(model, cfg: GeoConfig, tokens: Tensor):
         return model.run_with_cache(tokens)
 
 
-#: hooks whose value at (input, position) depends only on the token at that position (one layer)
-_TOKEN_HOOKS = ("hook_embed", "hook_pos_embed", "embed_norm.", "blocks.0.hook_resid_pre", "blocks.0.attn.hook_q",
-                "blocks.0.attn.hook_k", "blocks.0.attn.hook_v")
-
-
-def token_table_run(model, cfg: GeoConfig, tokens: Tensor):
-    """run_with_cache_narrowed for a one-layer model on tokens [N, 3], from per-token tables.
-
-    A run_with_cache over the V = d_vocab rows [v, v, v] gives every _TOKEN_HOOKS activation as a
-    table [V, 3, ...]; input n at position i reads row r = 3 tokens[n, i] + i of the flattened
-    table. Scores are gathered from the table (q_r . k_s) / sqrt(d_head) [H, 3V, 3V]; z sums the
-    pattern-weighted v over the 3 keys (in place); the MLP at `=` is two addmm's on [N, D] and
-    [N, d_mlp]; the norms and readout are the model's own modules; every value passes through its
-    hook point, narrowed as in last_position_hooks. Returns (logits [N, C], ActivationCache
-    with the keys and shapes of run_with_cache_narrowed).
-    """
-    V, P, H, blk = cfg.d_vocab, cfg.n_ctx, cfg.n_heads, model.blocks[0]
-    attn, mlp = blk.attn, blk.mlp
-    N = tokens.shape[0]
-    rows = (tokens * P + torch.arange(P)).flatten()  # [N * 3] rows of the flattened tables
-    store: dict[str, Tensor] = {}
-
-    def save(act: Tensor, hook) -> None:
-        store[hook.name] = act
-
-    with torch.no_grad():
-        table = torch.arange(V)[:, None].expand(V, P)
-        _, tab = model.run_with_cache(table, names_filter=lambda name: name.startswith(_TOKEN_HOOKS))
-        gathered: dict[int, Tensor] = {}  # one gather per table tensor (resid_pre is the embed norm's output)
-        for name, act in tab.items():
-            if id(act) not in gathered:
-                gathered[id(act)] = act.flatten(0, 1).index_select(0, rows).unflatten(0, (N, P))
-            store[name] = gathered[id(act)]
-        q_tab, k_tab = (tab[f"blocks.0.attn.hook_{x}"].flatten(0, 1).transpose(0, 1) for x in "qk")  # [H, 3V, dh]
-        v = store["blocks.0.attn.hook_v"]  # [N, 3, H, dh]
-        tail = [name for name in model.hook_dict if not name.startswith(_TOKEN_HOOKS)]
-        with model.hooks(fwd_hooks=last_position_hooks(cfg) + [(name, save) for name in tail]):
-            if cfg.attention == "uniform":
-                scores = torch.zeros(N, H, P, P, dtype=v.dtype)
-            else:
-                R = V * P
-                qk = (q_tab @ k_tab.transpose(1, 2) / math.sqrt(cfg.d_head)).flatten()  # [H * R * R]
-                heads = torch.arange(H).view(1, H, 1, 1) * (R * R)
-                scores = qk[heads + rows.view(N, 1, P, 1) * R + rows.view(N, 1, 1, P)]  # [N, H, 3, 3]
-            if cfg.causal:
-                scores = scores.masked_fill(torch.ones(P, P, dtype=torch.bool).triu(1), float("-inf"))
-            pattern = attn.hook_pattern(attn.hook_attn_scores(scores).softmax(dim=-1))
-            w = pattern.permute(0, 2, 3, 1).unsqueeze(-1)  # [N, q, k, H, 1]
-            z = w[:, :, 0] * v[:, :1]  # [N, q, H, dh]
-            for j in range(1, P):
-                z.addcmul_(w[:, :, j], v[:, j : j + 1])
-            z = attn.hook_z(z)
-            attn_out = blk.hook_attn_out(z.flatten(-2) @ attn.W_O.flatten(0, 1))
-            resid = blk.hook_resid_mid(blk.attn_norm(store["blocks.0.hook_resid_pre"] + attn_out))  # [N, 1, D]
-            pre = mlp.hook_pre(torch.addmm(mlp.b_in, resid[:, 0], mlp.W_in).unsqueeze(1))
-            post = mlp.hook_post(F.relu(pre))
-            mlp_out = blk.hook_mlp_out(torch.addmm(mlp.b_out, post[:, 0], mlp.W_out).unsqueeze(1))
-            resid = blk.hook_resid_post(blk.mlp_norm(resid + mlp_out))
-            logits = model.unembed(resid[:, -1])
-    return logits, ActivationCache(store, model)  # keys in forward order, as run_with_cache
-
-
 class AnalysisContext:
     """Shared, lazily computed inputs of all metrics for one checkpoint (model, cfg, dataset).
 
@@ -141,20 +66,17 @@ class AnalysisContext:
 
     # -- one forward over every input --
     @functools.cached_property
-    def _forward(self):
+    def eq(self) -> EqActivations:
+        """Logits and activations at `=` of every input (see the module docstring)."""
+        tokens = self.dataset.tokens
         if fast_unsupported_reason(self.cfg) is None:
-            return token_table_run(self.model, self.cfg, self.dataset.tokens)
-        return run_with_cache_narrowed(self.model, self.cfg, self.dataset.tokens)
+            return eq_forward_tables(self.model, self.cfg, tokens)
+        return eq_from_cache(*run_with_cache_narrowed(self.model, self.cfg, tokens), self.cfg)
 
     @property
     def logits(self) -> Tensor:
         """[N, C] logits of every input (a-major)."""
-        return self._forward[0]
-
-    @property
-    def cache(self):
-        """TransformerLens ActivationCache of the same forward (see the module docstring)."""
-        return self._forward[1]
+        return self.eq.logits
 
     @property
     def labels(self) -> Tensor:
@@ -197,7 +119,7 @@ class AnalysisContext:
     @functools.cached_property
     def acts(self) -> Tensor:
         """[N, d_mlp] post-ReLU activations of the last MLP at the `=` position."""
-        return self.cache[f"blocks.{self.cfg.n_layers - 1}.mlp.hook_post"][:, -1]
+        return self.eq[f"blocks.{self.cfg.n_layers - 1}.mlp.hook_post"]
 
     # -- the cyclic frame and everything in group order --
     @functools.cached_property

@@ -174,7 +174,7 @@ def m_nlm_cosine(ctx: AnalysisContext) -> dict[str, float]:
 
 
 def m_dla(ctx: AnalysisContext) -> dict[str, float]:
-    res = circuit.direct_logit_attribution(ctx.model, ctx.cfg, ctx.cache, ctx.labels)
+    res = circuit.direct_logit_attribution(ctx.model, ctx.cfg, ctx.eq, ctx.labels)
     out = {f"dla_{name}": v for name, v in res.means().items()}
     out["dla_total"] = float(res.total.mean())
     out["dla_recon_err"] = res.recon_error
@@ -197,7 +197,7 @@ def _top_share(x: Tensor, k: int) -> float:
 def m_attn_eq(ctx: AnalysisContext) -> dict[str, float]:
     out = {}
     for layer in range(ctx.cfg.n_layers):
-        mean, _ = circuit.attention_from_eq(ctx.cache, layer)
+        mean, _ = circuit.attention_from_eq(ctx.eq, layer)
         for h in range(mean.shape[0]):
             for pos, name in enumerate(("a", "b", "eq")):
                 out[f"attn_eq_{name}_L{layer}H{h}"] = float(mean[h, pos])
@@ -221,7 +221,7 @@ def m_effective_rank(ctx: AnalysisContext) -> dict[str, float]:
 
 
 def m_resid_norm(ctx: AnalysisContext) -> dict[str, float]:
-    res = geometry.resid_norm(ctx.cache, ctx.cfg)
+    res = geometry.resid_norm(ctx.eq, ctx.cfg)
     err = res.pop("sphere_err", None)
     out = {f"resid_norm/{name}": v for name, v in res.items()}
     if err is not None:
@@ -271,7 +271,7 @@ METRICS: dict[str, MetricSpec] = {
         _spec("attn_eq", m_attn_eq, _always, "mean attention of `=` onto a, b, = per head"),
         _spec("embed_circles", m_embed_circles, _cyclic, "energy share and roundness of the embeddings on each key plane"),
         _spec("effective_rank", m_effective_rank, _always, "effective rank of W_E, W_L and the MLP activations at `=`"),
-        _spec("resid_norm", m_resid_norm, _always, "mean residual norm per hook point (sphere models: max deviation from 1)"),
+        _spec("resid_norm", m_resid_norm, _always, "mean residual norm at `=` per hook point (sphere models: max deviation from 1)", version="2"),
     ]
 }
 

@@ -1,0 +1,151 @@
+"""The analysis forward: every input's activations at the `=` position, the one the readout reads.
+
+Every metric reads the model's logits and activations at `=` only (attention of `=` onto
+(a, b, =), the heads' z, the MLP activations, the residual stream there). EqActivations holds
+exactly that, keyed by TransformerLens hook name, with the position axis dropped:
+
+    residual-stream hooks (hook_embed, blocks.L.hook_resid_pre / attn_out / resid_mid /
+    mlp_out / resid_post)                                    [N, d_model]
+    blocks.L.attn.hook_pattern   the `=` query's row         [N, n_heads, n_ctx]
+    blocks.L.attn.hook_z                                     [N, n_heads, d_head]
+    blocks.L.mlp.hook_post                                   [N, d_mlp]
+    blocks.L.{attn,mlp}_norm.hook_scale (not for norm none)  [N, 1]
+
+Two routes give the same values up to float32 summation order
+(tests/test_analysis_eqforward.py):
+- eq_from_cache: read them off any ActivationCache of the hooked model (the reference route;
+  used for models the table route does not cover);
+- eq_forward_tables, for one-layer [a, b, =] models (geolens.fast.fast_unsupported_reason(cfg)
+  is None): the residual stream before attention depends only on (token, position), so q, k, v
+  come from a [d_vocab, n_ctx] table, the `=` query's scores are gathered from a
+  (query token, key position, key token) table, and only the mixing, W_O, the norms, the MLP and
+  the readout run per input, at `=` only: about a third of a full forward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from geolens.config import GeoConfig
+
+
+@dataclass
+class EqActivations:
+    """Logits [N, C] and activations at `=` (see the module docstring) of N inputs.
+
+    projected: every sphere-projection output the forward computed, flattened to [rows, d_model]
+    (all positions where they were computed; empty unless cfg.norm == 'sphere').
+    """
+
+    logits: Float[Tensor, "N C"]
+    values: dict[str, Tensor]
+    projected: list[Tensor]
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.values[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.values
+
+
+def residual_hooks(cfg: GeoConfig) -> list[str]:
+    """Hook points of the residual stream and of what is written into it, in forward order."""
+    out = ["hook_embed", "hook_pos_embed"]
+    for layer in range(cfg.n_layers):
+        out += [f"blocks.{layer}.hook_{name}" for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post")]
+    return out
+
+
+def projected_hooks(cfg: GeoConfig) -> list[str]:
+    """Outputs of the sphere projections (empty unless cfg.norm == 'sphere')."""
+    if cfg.norm != "sphere":
+        return []
+    return ["embed_norm.hook_normalized"] + [
+        f"blocks.{layer}.{n}_norm.hook_normalized" for layer in range(cfg.n_layers) for n in ("attn", "mlp")
+    ]
+
+
+def eq_hooks(cfg: GeoConfig) -> list[str]:
+    """Names EqActivations holds for this config."""
+    out = residual_hooks(cfg)
+    for layer in range(cfg.n_layers):
+        out += [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.mlp.hook_post"]
+        if cfg.norm != "none":
+            out += [f"blocks.{layer}.attn_norm.hook_scale", f"blocks.{layer}.mlp_norm.hook_scale"]
+    return out
+
+
+def eq_from_cache(logits: Float[Tensor, "N C"], cache, cfg: GeoConfig) -> EqActivations:
+    """EqActivations of a run_with_cache of the hooked model (full, or narrowed to `=` after the
+    last attention as context.run_with_cache_narrowed does)."""
+    values = {}
+    for name in eq_hooks(cfg):
+        act = cache[name]
+        values[name] = act[:, :, -1] if name.endswith("hook_pattern") else act[:, -1]
+    return EqActivations(logits, values, [cache[name].flatten(0, -2) for name in projected_hooks(cfg)])
+
+
+def eq_forward_tables(model, cfg: GeoConfig, tokens: Int[Tensor, "N 3"]) -> EqActivations:
+    """EqActivations of a one-layer model over tokens [N, n_ctx], from per-token tables (no grad).
+
+    Tables: resid_pre R [V, P, D] from one forward of the embedding over the rows [v, v, v];
+    q, k, v [V, P, H, d_head]; scores of a `=`-position query with token u against key position
+    j holding token w, qk[u, j, w, h] (the last query sees every key, so the causal mask never
+    applies there). Per input: gathered scores [N, P, H], softmax, z = sum_j pattern_j v_j,
+    attn_out = z W_O, then the block's own norm and readout modules and the MLP as two addmm's
+    on [N, D].
+    """
+    V, P, H = cfg.d_vocab, cfg.n_ctx, cfg.n_heads
+    blk = model.blocks[0]
+    attn, mlp = blk.attn, blk.mlp
+    N = tokens.shape[0]
+    last = tokens[:, -1]
+    saved: dict[str, Tensor] = {}
+
+    def save(act: Tensor, hook) -> None:
+        saved[hook.name] = act
+
+    with torch.no_grad():
+        R = model.residual_after_embed(torch.arange(V)[:, None].expand(V, P))  # [V, P, D]
+        q, k, v = (torch.einsum("vpd,hde->vphe", R, W) for W in (attn.W_Q, attn.W_K, attn.W_V))
+        if cfg.attention == "uniform":
+            pattern = torch.full((N, H, P), 1.0 / P, dtype=R.dtype)
+        else:
+            qk = torch.einsum("uhe,wjhe->ujwh", q[:, -1], k) / math.sqrt(cfg.d_head)  # [V, P, V, H]
+            rows = (last[:, None] * P + torch.arange(P)) * V + tokens  # [N, P] into (u, j, w)
+            pattern = qk.reshape(-1, H)[rows].softmax(dim=1).transpose(1, 2)  # [N, H, P]
+        v_flat = v.flatten(0, 1)  # [V * P, H, d_head]
+        z = pattern[:, :, 0, None] * v_flat[tokens[:, 0] * P]
+        for j in range(1, P):
+            z.addcmul_(pattern[:, :, j, None], v_flat[tokens[:, j] * P + j])
+        attn_out = z.flatten(1) @ attn.W_O.flatten(0, 1)  # [N, D]
+        resid_pre = R[last, -1]
+        hooks = [f"blocks.0.{n}_norm.hook_scale" for n in ("attn", "mlp")]
+        with model.hooks(fwd_hooks=[(name, save) for name in hooks if name in model.hook_dict]):
+            resid_mid = blk.attn_norm(resid_pre + attn_out)
+            post = torch.addmm(mlp.b_in, resid_mid, mlp.W_in).relu_()  # = blk.mlp's hook_post, fused
+            mlp_out = torch.addmm(mlp.b_out, post, mlp.W_out)
+            resid_post = blk.mlp_norm(resid_mid + mlp_out)
+            logits = model.unembed(resid_post)
+    values = {
+        "hook_embed": model.embed.W_E.detach()[last],
+        "hook_pos_embed": model.pos_embed.W_pos.detach()[P - 1].expand(N, -1),
+        "blocks.0.hook_resid_pre": resid_pre,
+        "blocks.0.attn.hook_pattern": pattern,
+        "blocks.0.attn.hook_z": z,
+        "blocks.0.hook_attn_out": attn_out,
+        "blocks.0.hook_resid_mid": resid_mid,
+        "blocks.0.mlp.hook_post": post,
+        "blocks.0.hook_mlp_out": mlp_out,
+        "blocks.0.hook_resid_post": resid_post,
+    }
+    if cfg.norm != "none":
+        values["blocks.0.attn_norm.hook_scale"] = saved["blocks.0.attn_norm.hook_scale"]
+        values["blocks.0.mlp_norm.hook_scale"] = saved["blocks.0.mlp_norm.hook_scale"]
+    projected = [R.flatten(0, 1), resid_mid, resid_post] if cfg.norm == "sphere" else []
+    return EqActivations(logits, values, projected)
