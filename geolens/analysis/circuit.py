@@ -88,7 +88,7 @@ class DLAResult:
     components: name -> [N] score per input ('embed_pos', 'L{l}H{h}', 'mlp_L{l}', 'bias')
     neurons:    [d_mlp] mean score of each neuron of the last MLP (they sum to the mean of its
                 mlp component)
-    total:      [N] sum of the components; actual: [N] score of the real final residual stream
+    total:      [N] sum of the components; actual: [N] the score read off the model's logits
     """
 
     units: str
@@ -141,7 +141,9 @@ def direct_logit_attribution(
         if cfg.norm != "none":
             f = f / eq[scale_name][:, 0]
 
-    actual = score(eq[f"blocks.{cfg.n_layers - 1}.hook_resid_post"])
+    # the real score, read off the logits: correct minus mean of the others (/ tau when bounded)
+    correct = eq.logits.gather(1, labels[:, None])[:, 0]
+    actual = (correct - (eq.logits.sum(1) - correct) / (eq.logits.shape[1] - 1)) / (cfg.tau if cfg.unembed == "bounded" else 1.0)
     comps: dict[str, Tensor] = {}
     bias = torch.zeros(N, dtype=G.dtype)
     for l in reversed(range(cfg.n_layers)):

@@ -49,9 +49,6 @@ class EqActivations:
     def __getitem__(self, name: str) -> Tensor:
         return self.values[name]
 
-    def __contains__(self, name: str) -> bool:
-        return name in self.values
-
 
 def residual_hooks(cfg: GeoConfig) -> list[str]:
     """Hook points of the residual stream and of what is written into it, in forward order."""
