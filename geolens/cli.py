@@ -171,6 +171,8 @@ def analyze(
     steps: Optional[str] = typer.Option(None, help="Comma-separated epochs (nearest checkpoints; default: all)."),
     at: Optional[str] = typer.Option(None, help="Epochs for the per-step figures (default: onset and final)."),
     static: str = typer.Option("png,svg", help="Static figure formats, comma-separated ('' for none)."),
+    keys: str = typer.Option("auto", help="Key frequencies of fve_paper, restricted/excluded loss, embed_circles: "
+                             "'auto' (each checkpoint's own), 'final' (the last checkpoint's, for the whole run) or e.g. 4,32."),
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
     """Evaluate metrics at every checkpoint (cached), write analysis/metrics.csv and analysis/report.html."""
@@ -179,7 +181,11 @@ def analyze(
     from geolens.trajectory import analyze_run
 
     r = load_run(run)
-    traj = analyze_run(r, _names(metrics), _ints(steps, "--steps"), progress=not quiet)
+    try:
+        key_choice = keys if keys in ("auto", "final") else [int(k) for k in keys.split(",")]
+    except ValueError:
+        raise GeoError(f"--keys '{keys}' must be auto, final or comma-separated frequencies, e.g. --keys 4,32") from None
+    traj = analyze_run(r, _names(metrics), _ints(steps, "--steps"), progress=not quiet, keys=key_choice)
     report = write_report(traj, _ints(at, "--at"), tuple(f for f in static.split(",") if f))
     console.print(f"{len(traj.steps)} checkpoints, {traj.computed} metric evaluations computed "
                   f"(the rest from cache); table {r.path / 'analysis' / 'metrics.csv'}; report {report}")

@@ -74,11 +74,13 @@ class Run:
 
         return probe_run(self, step)
 
-    def analyze(self, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = False):
-        """Metrics at every (or the chosen) checkpoint, cached: a trajectory.Trajectory."""
+    def analyze(self, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = False,
+                keys: str | list[int] | None = None):
+        """Metrics at every (or the chosen) checkpoint, cached: a trajectory.Trajectory.
+        keys: 'auto' (default), 'final' or frequencies to pin (trajectory.resolve_keys)."""
         from geolens.trajectory import analyze_run
 
-        return analyze_run(self, metrics, steps, progress)
+        return analyze_run(self, metrics, steps, progress, keys)
 
     def summary(self) -> dict[str, Any]:
         """What `geolens info` prints."""

@@ -62,6 +62,28 @@ def test_subset_of_metrics_and_steps(run_dir):
         analyze_run(load_run(run_dir), metrics=["nope"], progress=False)
 
 
+def test_pinned_keys_recompute_only_key_metrics_and_are_cached_per_choice(run_dir):
+    run = load_run(run_dir)
+    auto = analyze_run(run, progress=False)
+    final_keys = auto.values[120]["keyfreq_wl_fft"]
+    final = analyze_run(load_run(run_dir), keys="final", progress=False)
+    key_metrics = {n for n, spec in METRICS.items() if spec.uses_keys}
+    assert key_metrics == {"fve_paper", "restricted_loss", "excluded_loss", "embed_circles"}
+    assert final.computed == len(key_metrics) * 4
+    # every checkpoint now uses the final checkpoint's keys: step 120 is unchanged
+    assert final.values[120] == auto.values[120]
+    assert [final_keys[f"keyfreq_wl_fft_{r}"] for r in range(1, 6)] == json.loads(
+        (run_dir / "analysis" / "cache" / "step_0000000.json").read_text())["metrics"]["fve_paper"]["keys"]
+    assert final.values[0]["fve_paper"] != auto.values[0]["fve_paper"]  # step 0 has other keys of its own
+    assert analyze_run(load_run(run_dir), keys="final", progress=False).computed == 0
+    explicit = analyze_run(load_run(run_dir), keys=[3, 5], metrics=["fve_paper"], progress=False)
+    assert explicit.computed == 4 and all(
+        v != v for k, v in explicit.values[40]["fve_paper"].items() if k.endswith("_3"))  # only 2 keys: rank 3 is NaN
+    for bad in ([0], [12], "latest"):
+        with pytest.raises(GeoError, match="key"):
+            analyze_run(load_run(run_dir), keys=bad, progress=False)
+
+
 def test_corrupt_checkpoint_names_the_file_and_keeps_cached_results(tmp_path):
     cfg = make_config("ln", epochs=20, eval_every=10, checkpoints="every:10", **SMALL)
     training.train(cfg, tmp_path / "r", progress=False)

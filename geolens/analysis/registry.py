@@ -239,10 +239,11 @@ class MetricSpec:
     version: str
     applies: Callable[[GeoConfig], str | None]
     doc: str
+    uses_keys: bool = False  # reads the key frequencies (which pinning key_freqs changes)
 
 
-def _spec(name, fn, applies, doc, version="1") -> MetricSpec:
-    return MetricSpec(name, fn, version, applies, doc)
+def _spec(name, fn, applies, doc, version="1", uses_keys=False) -> MetricSpec:
+    return MetricSpec(name, fn, version, applies, doc, uses_keys)
 
 
 METRICS: dict[str, MetricSpec] = {
@@ -253,10 +254,10 @@ METRICS: dict[str, MetricSpec] = {
         _spec("wl_spectrum", m_wl_spectrum, _cyclic, "||rfft(W_L)|| over neurons per frequency bin 1..n//2 (the spectrum keyfreq_wl_fft ranks)"),
         _spec("keyfreq_neuron", m_keyfreq_neuron, _cyclic, "Nanda's key set: best frequencies of neurons with > 85% block share"),
         _spec("keyfreq_embed", m_keyfreq_embed, _cyclic, "frequencies whose embedding Fourier norm exceeds max / 4"),
-        _spec("fve_paper", m_fve_paper, _cyclic, "paper's FVE (percent) of the U and V projections per key"),
+        _spec("fve_paper", m_fve_paper, _cyclic, "paper's FVE (percent) of the U and V projections per key", uses_keys=True),
         _spec("fve_neuron", m_fve_neuron, _cyclic, "per-neuron best-frequency energy share: fraction > 0.85 and mean"),
-        _spec("restricted_loss", m_restricted_loss, _cyclic, "CE of the logits kept on the key cos/sin(w(a+b)) directions (test; train too)"),
-        _spec("excluded_loss", m_excluded_loss, _cyclic, "CE of the logits with the key directions removed (train; test too; all keys and per key)"),
+        _spec("restricted_loss", m_restricted_loss, _cyclic, "CE of the logits kept on the key cos/sin(w(a+b)) directions (test; train too)", uses_keys=True),
+        _spec("excluded_loss", m_excluded_loss, _cyclic, "CE of the logits with the key directions removed (train; test too; all keys and per key)", uses_keys=True),
         _spec("weight_norm", m_weight_norm, _always, "sum of squared parameters, total and per tensor; Frobenius norm"),
         _spec("logit_cos_coeff", m_logit_cos_coeff, _cyclic, "coefficient of the logits on cos(w_k(a+b-c)) for every k"),
         _spec("truncated_logit_acc", m_truncated_logit_acc, _cyclic, "accuracy with only DC + top-5 rfft bins of the logits over classes"),
@@ -269,7 +270,7 @@ METRICS: dict[str, MetricSpec] = {
         _spec("nlm_cosine", m_nlm_cosine, _always, "cos(-grad of train loss, parameters), total and per tensor"),
         _spec("dla", m_dla, _always, "direct logit attribution at `=` (correct minus mean others), mean over inputs"),
         _spec("attn_eq", m_attn_eq, _always, "mean attention of `=` onto a, b, = per head"),
-        _spec("embed_circles", m_embed_circles, _cyclic, "energy share and roundness of the embeddings on each key plane"),
+        _spec("embed_circles", m_embed_circles, _cyclic, "energy share and roundness of the embeddings on each key plane", uses_keys=True),
         _spec("effective_rank", m_effective_rank, _always, "effective rank of W_E, W_L and the MLP activations at `=`"),
         _spec("resid_norm", m_resid_norm, _always, "mean residual norm at `=` per hook point (sphere models: max deviation from 1)", version="2"),
     ]
