@@ -84,3 +84,20 @@ def test_frame_label_positions_match_the_task(task):
 def test_frame_refuses_permutations():
     with pytest.raises(GeoError, match="S_5"):
         fourier.cyclic_frame(make_config("ln", task="perm"))
+
+
+@pytest.mark.parametrize("task", ["add", "sub", "mul"])
+def test_diagonal_sums_and_label_rows_follow_the_label_position(task):
+    frame = fourier.cyclic_frame(make_config("ln", task=task, p=23))
+    n = frame.n
+    grid = torch.randn(n, n, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    expect = torch.zeros(n, 3, dtype=torch.float64)
+    for i in range(n):
+        for j in range(n):
+            expect[(i + frame.sign * j) % n] += grid[i, j]
+    assert torch.allclose(fourier.diagonal_sums(grid, frame.sign), expect)
+    assert torch.allclose(fourier.diagonal_sums(grid[..., 0], frame.sign), expect[:, 0])
+    label_of_row = torch.full((frame.p**2,), -1)
+    label_of_row[frame.grid_rows.flatten()] = frame.label_pos.flatten()
+    assert (label_of_row[frame.label_rows] == torch.arange(n)[:, None]).all()
+    assert sorted(frame.label_rows.flatten().tolist()) == sorted(frame.grid_rows.flatten().tolist())

@@ -117,3 +117,66 @@ def test_fve_paper_is_low_for_noise():
     W_L = torch.randn(32, P, generator=g)
     U, V = fve.fve_paper(acts, W_L, torch.tensor([1, 2, 3]), frame)
     assert (U < 10).all() and (V < 10).all()
+
+
+def _shares_reference(acts):
+    """The definition in float64: block energies of the full 2-D spectrum."""
+    E = fourier.channel_freq_energy(acts.double())  # [K1, K1, d]
+    K = acts.shape[0] // 2
+    block = torch.stack([E[0, k] + E[k, 0] + E[k, k] for k in range(1, K + 1)])
+    return (block / (E.sum((0, 1)) - E[0, 0])).T
+
+
+@pytest.mark.parametrize("n", [23, 22])
+@pytest.mark.parametrize("chunk_bytes", [1 << 30, 3000])  # one block of rows / many blocks
+def test_neuron_freq_shares_match_the_full_2d_spectrum(n, chunk_bytes, monkeypatch):
+    monkeypatch.setattr(keyfreq, "CHUNK_BYTES", chunk_bytes)
+    g = torch.Generator().manual_seed(n)
+    acts = (torch.randn(n, n, 40, generator=g) + 2.0 * torch.rand(40, generator=g)).relu()
+    acts[..., 0] = 0.0  # dead
+    acts[..., 1] = 7.5  # constant
+    acts[..., 2] = 50.0 + 0.05 * torch.randn(n, n, generator=g)  # small variation on a large mean
+    i = torch.arange(n, dtype=torch.float64)
+    w = 2 * math.pi * (n // 2) / n  # the Nyquist frequency of even n, sin = 0 there
+    acts[..., 3] = (torch.cos(w * (i[:, None] - i[None, :])) + torch.cos(w * i)[:, None]).float()
+    shares, active = keyfreq.neuron_freq_shares(acts)
+    assert active.tolist() == [False, False] + [True] * 38
+    ref = _shares_reference(acts)
+    assert torch.allclose(shares[3:].double(), ref[3:], atol=2e-6)
+    # neuron 2: float32 sums of values ~50 that vary by ~0.05 keep ~4 digits of the variation
+    assert torch.allclose(shares[2].double(), ref[2], atol=1e-4)
+    assert (shares[:2] == 0).all()
+
+
+def _fve_paper_reference(acts, W_L, freqs, frame):
+    """The definition in float64: explicit [n^2, 2] regressors per key and lstsq."""
+    n = frame.n
+    acts, W_L = acts.double(), W_L.double()
+    c = torch.arange(n, dtype=torch.float64)
+    s = frame.label_pos.flatten().double()
+    U, V = [], []
+    for k in freqs.tolist():
+        X = torch.stack([torch.cos(2 * math.pi * k * s / n), torch.sin(2 * math.pi * k * s / n)], 1)
+        X = X - X.mean(0)
+        out = []
+        for wave in (torch.cos(2 * math.pi * k * c / n), torch.sin(2 * math.pi * k * c / n)):
+            y = acts.reshape(n * n, -1) @ (W_L @ wave)
+            y = y - y.mean()
+            resid = y - X @ (torch.linalg.pinv(X) @ y)
+            out.append(100 * (1 - resid.square().sum() / y.square().sum()))
+        U.append(out[0])
+        V.append(out[1])
+    return torch.stack(U), torch.stack(V)
+
+
+@pytest.mark.parametrize("task", ["add", "sub", "mul"])
+def test_fve_paper_matches_the_definition(task):
+    frame = _frame(task)
+    n = frame.n
+    acts = _wave_acts(frame, [2, 5, 5, n // 2] * 4, seed=7) + torch.randn(n, n, 16, generator=torch.Generator().manual_seed(8))
+    W_L = torch.randn(16, n, generator=torch.Generator().manual_seed(9))
+    freqs = torch.tensor([5, 2, n // 2, 1])
+    U, V = fve.fve_paper(acts, W_L, freqs, frame)
+    rU, rV = _fve_paper_reference(acts, W_L, freqs, frame)
+    assert torch.allclose(U.double(), rU, atol=1e-4)
+    assert torch.allclose(V.double(), rV, atol=1e-4, equal_nan=True)

@@ -72,15 +72,98 @@ def test_restricted_loss_drops_non_key_parts():
     assert restricted["test"] < _ce_on_frame(noisy, ds, frame, masks["test"])
 
 
-def test_block_helpers_split_the_logits_into_key_part_and_rest():
+def _key_directions64(frame, freqs):
+    """Reference: unit vectors in R^{n^2} along cos / sin(w_k s) over the grid (s the label
+    position), vanishing waves dropped; [n^2, m] float64."""
+    s = frame.label_pos.flatten().to(torch.float64)
+    cols = []
+    for k in freqs:
+        for wave in (torch.cos(2 * math.pi * k * s / frame.n), torch.sin(2 * math.pi * k * s / frame.n)):
+            if wave.norm() > 1e-9:
+                cols.append(wave / wave.norm())
+    return torch.stack(cols, 1) if cols else torch.zeros(frame.n**2, 0, dtype=torch.float64)
+
+
+def _reference_losses(logits, frame, freqs, masks):
+    """Restricted and excluded loss by the definition: [n^2, n] projections in float64."""
+    logits = logits.double()
+    n = frame.n
+    rows, labels = frame.grid_rows.flatten(), frame.label_pos.flatten()
+    flat = logits[rows][:, frame.order]  # [n^2, n] group classes
+    extra = logits[rows][:, frame.extra_classes]
+
+    def ce(group):
+        full = torch.cat([group, extra], 1)
+        return torch.logsumexp(full, 1) - group[torch.arange(n * n), labels]
+
+    def means(x):
+        return {name: float(x[m[rows]].mean()) for name, m in masks.items()}
+
+    proj = [_key_directions64(frame, [k]) for k in freqs]
+    proj = [d @ (d.T @ flat) for d in proj]
+    restricted = means(ce(flat.mean(0) + sum(proj, torch.zeros_like(flat))))
+    variants = {"all": sum(proj, torch.zeros_like(flat)), **{str(r + 1): P for r, P in enumerate(proj)}}
+    excluded = {name: {} for name in masks}
+    for key, P in variants.items():
+        for name, v in means(ce(flat - P)).items():
+            excluded[name][key] = v
+    return restricted, excluded
+
+
+@pytest.mark.parametrize("task,p", [("add", 23), ("sub", 23), ("mul", 23), ("mul", 29)])
+def test_key_projections_match_the_projection_on_explicit_directions(task, p):
+    cfg, ds, frame, masks = _setup(task, p)
+    n = frame.n
+    block = torch.randn(n, n, n, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    freqs = [2, 7, 0, n // 2]  # DC and (for even n) Nyquist keep only their cosine
+    projs = progress.key_projections(block, frame, torch.tensor(freqs))
+    flat = block.reshape(n * n, n)
+    assert torch.allclose(projs.class_mean, flat.mean(0), atol=1e-12)
+    s = frame.label_pos.flatten()
+    for r, k in enumerate(freqs):
+        d = _key_directions64(frame, [k])
+        assert torch.allclose(projs.per_key[r][s], d @ (d.T @ flat), atol=1e-10), k
+
+
+@pytest.mark.parametrize("task,p", [("add", 23), ("sub", 29), ("mul", 23), ("mul", 29)])
+@pytest.mark.parametrize("scale", [1.0, 40.0])
+def test_restricted_and_excluded_loss_match_the_definition(task, p, scale):
+    cfg, ds, frame, masks = _setup(task, p)
+    keys = [3, 1, frame.n // 2]
+    g = torch.Generator().manual_seed(p)
+    logits = _key_logits(frame, keys, amp=scale) + scale * torch.randn(p * p, p, generator=g)
+    ref_r, ref_e = _reference_losses(logits, frame, keys, masks)
+    got_r = progress.restricted_loss(logits, frame, torch.tensor(keys), masks)
+    got_e = progress.excluded_loss(logits, frame, torch.tensor(keys), masks)
+    for split in masks:
+        assert got_r[split] == pytest.approx(ref_r[split], rel=1e-6, abs=1e-6)
+        assert got_e[split].keys() == ref_e[split].keys()
+        for key in ref_e[split]:
+            assert got_e[split][key] == pytest.approx(ref_e[split][key], rel=1e-6, abs=1e-6), (split, key)
+
+
+@pytest.mark.parametrize("task", ["add", "mul"])
+def test_excluded_loss_survives_logits_whose_exponentials_underflow(task):
+    """Huge key terms (and class-0 logits): e^(l - max) and e^(-shift) underflow in float32 for
+    the classes that win after the shift; those inputs are recomputed directly."""
+    cfg, ds, frame, masks = _setup(task)
+    keys = [2, 5]
+    logits = _key_logits(frame, keys, amp=300.0, class0=-200.0)
+    logits += torch.randn(logits.shape, generator=torch.Generator().manual_seed(3))
+    _, ref_e = _reference_losses(logits, frame, keys, masks)
+    got_e = progress.excluded_loss(logits, frame, torch.tensor(keys), masks)
+    for split in masks:
+        for key in ref_e[split]:
+            assert math.isfinite(got_e[split][key])
+            assert got_e[split][key] == pytest.approx(ref_e[split][key], rel=1e-5, abs=1e-4), (split, key)
+
+
+def test_losses_of_an_empty_split_are_nan():
     cfg, ds, frame, masks = _setup()
-    block = torch.randn(23, 23, 23, generator=torch.Generator().manual_seed(5))
-    dirs = progress.key_directions(frame, torch.tensor([2, 7]))
-    assert dirs.shape == (23 * 23, 4)
-    assert torch.allclose(dirs.T @ dirs, torch.eye(4), atol=1e-5)
-    kept, rest = progress.restricted_block(block, dirs), progress.excluded_block(block, dirs)
-    assert torch.allclose(kept + rest, block + block.mean(dim=(0, 1), keepdim=True), atol=1e-5)
-    assert torch.allclose(progress.project_on(rest, dirs), torch.zeros_like(block), atol=1e-5)
+    logits = torch.randn(23 * 23, 23, generator=torch.Generator().manual_seed(0))
+    empty = {"none": torch.zeros(23 * 23, dtype=torch.bool)}
+    assert math.isnan(progress.restricted_loss(logits, frame, torch.tensor([2]), empty)["none"])
+    assert all(math.isnan(v) for v in progress.excluded_loss(logits, frame, torch.tensor([2]), empty)["none"].values())
 
 
 def _brute_cos_coeff(block, sign):
@@ -126,3 +209,34 @@ def test_weight_norm_matches_a_manual_sum():
     assert res["total_sq"] == pytest.approx(manual)
     assert res["frobenius"] == pytest.approx(math.sqrt(manual))
     assert res["embed.W_E"] == pytest.approx(float(model.embed.W_E.detach().double().square().sum()))
+
+
+def _truncated_reference(logits, labels, k):
+    """The definition: rfft over classes, keep DC + top-k bins by summed energy, irfft, argmax."""
+    n = logits.shape[-1]
+    X = torch.fft.rfft(logits.double(), dim=-1)
+    energy = X.abs().square().sum(0)
+    energy[0] = -1.0
+    bins = energy.topk(k).indices
+    keep = torch.zeros(energy.numel(), dtype=torch.bool)
+    keep[0] = True
+    keep[bins] = True
+    trunc = torch.fft.irfft(X * keep, n=n, dim=-1)
+    return float((trunc.argmax(-1) == labels).double().mean()), bins
+
+
+@pytest.mark.parametrize("n", [29, 28])
+def test_truncated_logit_accuracy_matches_rfft_on_random_logits(n):
+    g = torch.Generator().manual_seed(n)
+    labels = torch.randint(0, n, (2000,), generator=g)
+    waves = torch.cos(2 * math.pi * torch.tensor([3, n // 2, 5])[:, None, None] * (labels[None, :, None] - torch.arange(n)) / n)
+    logits = (torch.tensor([1.0, 0.8, 0.6])[:, None, None] * waves).sum(0) + 0.7 * torch.randn(2000, n, generator=g) + 5.0
+    masks = {"a": torch.rand(2000, generator=g) < 0.3}
+    masks["b"] = ~masks["a"]
+    got = progress.truncated_logit_accuracies(logits, labels, masks, k=4)
+    for name, m in masks.items():
+        acc, bins = _truncated_reference(logits[m], labels[m], 4)
+        assert got[name][1].tolist() == bins.tolist()
+        assert got[name][0] == pytest.approx(acc, abs=1.5 / m.sum().item())  # at most one argmax flip
+    assert progress.truncated_logit_accuracy(logits, labels, 4)[1].tolist() == _truncated_reference(logits, labels, 4)[1].tolist()
+    assert math.isnan(progress.truncated_logit_accuracies(logits, labels, {"none": torch.zeros(2000, dtype=torch.bool)})["none"][0])

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from torch.nn.functional import embedding_bag
 
 from geolens.config import GeoConfig
 from geolens.errors import GeoError
@@ -136,6 +137,27 @@ def channel_freq_energy(grid: Float[Tensor, "n n d"]) -> Float[Tensor, "K1 K1 d"
     return torch.zeros(K1, K1, d, dtype=grid.dtype).index_add_(1, freq, rows)
 
 
+@functools.lru_cache(maxsize=32)
+def _diagonal_bags(n: int, sign: int) -> Tensor:
+    """[n, n]: [s, i] is the flat cell i * n + j with (i + sign * j) mod n = s."""
+    i = torch.arange(n)
+    j = (sign * (i[:, None] - i[None, :])) % n
+    return i[None, :] * n + j
+
+
+def diagonal_sums(grid: Float[Tensor, "n n ..."], sign: int = 1) -> Float[Tensor, "n ..."]:
+    """Sums of the grid over its wrapped diagonals: out[s] = sum of grid[i, j] over the n cells
+    with (i + sign * j) mod n = s (with sign = frame.sign, s is the label position).
+
+    Any inner product of the grid with a function of (i + sign * j) mod n (e.g. a wave
+    cos(w_k s)) equals the inner product of these n sums with that function of s. One
+    embedding_bag over the flattened grid (float32 sums of n terms, as a matmul would do).
+    """
+    n = grid.shape[0]
+    flat = grid.reshape(n * n, -1)
+    return embedding_bag(_diagonal_bags(n, sign), flat, mode="sum").view(n, *grid.shape[2:])
+
+
 # ---- discrete logarithms ---------------------------------------------------------------------
 def _prime_factors(n: int) -> list[int]:
     out, d = [], 2
@@ -203,6 +225,12 @@ class CyclicFrame:
         return (i[:, None] + self.sign * i[None, :]) % self.n
 
     @functools.cached_property
+    def label_rows(self) -> Int[Tensor, "n n"]:
+        """Dataset rows grouped by label position: [s, i] is the row of grid cell [i, j] with
+        (i + sign * j) mod n = s (each label position has exactly one cell per grid row i)."""
+        return self.grid_rows.flatten()[_diagonal_bags(self.n, self.sign)]
+
+    @functools.cached_property
     def in_frame(self) -> Tensor:
         """[p * p] bool: which dataset rows are grid cells (all of them except a = 0 or b = 0 for mul)."""
         mask = torch.zeros(self.p * self.p, dtype=torch.bool)
@@ -249,9 +277,3 @@ def cyclic_frame(cfg: GeoConfig) -> CyclicFrame:
             f"Z_{p}^* ~ Z_{p - 1}: tokens 1..{p - 1} in discrete-log order base {g}, token 0 excluded",
         )
     raise GeoError(f"Fourier metrics need a cyclic group Z_p; task {cfg.task} is S_{cfg.n_perm}")
-
-
-def sum_waves(frame: CyclicFrame, k: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
-    """cos and sin of w_k * (label position) over the grid, each [n, n] (w_k = 2 pi k / n)."""
-    phase = 2 * math.pi * k * frame.label_pos.to(torch.float64) / frame.n
-    return torch.cos(phase).to(dtype), torch.sin(phase).to(dtype)

@@ -12,7 +12,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from geolens.analysis.fourier import CyclicFrame, sum_waves
+from geolens.analysis.fourier import CyclicFrame, diagonal_sums
 from geolens.analysis.keyfreq import NEURON_SHARE_MIN
 from geolens.analysis.threads import single_thread
 
@@ -38,23 +38,28 @@ def fve_paper(
     [cos(w_k s), sin(w_k s)] with s the label position (a + b; a - b for subtraction; log a + log b
     for multiplication); FVE = 100 * (1 - var(residual) / var(projection)). NaN when the
     projection has zero variance.
+
+    The regressors depend on the input only through s and every s covers n inputs, so the normal
+    equations need only the diagonal sums of the projections (fourier.diagonal_sums):
+    X^T X = n Xs^T Xs and X^T y = Xs^T Y with Xs the centred waves over s ([n, 2]).
     """
     n = frame.n
     cos_c, sin_c = class_waves(n, freqs, W_L.dtype)
-    dirs = torch.cat([W_L @ cos_c.T, W_L @ sin_c.T], dim=1)  # [d_mlp, 2k]: u_1..u_k, v_1..v_k
-    proj = acts_grid.reshape(n * n, -1) @ dirs  # [n^2, 2k]
+    dirs = torch.cat([cos_c @ W_L.T, sin_c @ W_L.T])  # [2k, d_mlp]: u_1..u_k, v_1..v_k
+    proj = acts_grid.reshape(n * n, -1) @ dirs.T  # [n^2, 2k] (dirs.T column-major: ~1.6x faster here)
     proj = proj - proj.mean(0)
     k = freqs.numel()
-    y = torch.stack([proj[:, :k].T, proj[:, k:].T], dim=-1)  # [k, n^2, 2] (U, V per key)
-    X = torch.stack(
-        [torch.stack([w.flatten() for w in sum_waves(frame, int(f), W_L.dtype)], dim=-1) for f in freqs]
-    )  # [k, n^2, 2]
-    X = X - X.mean(1, keepdim=True)
+    cos_s, sin_s = class_waves(n, freqs, torch.float64)  # [k, n] each: waves over label positions
+    Xs = torch.stack([cos_s, sin_s], dim=-1)
+    Xs = Xs - Xs.mean(1, keepdim=True)  # [k, n, 2]
+    Y = diagonal_sums(proj.view(n, n, 2 * k), frame.sign).double()  # [n, 2k]
+    Y = torch.stack([Y[:, :k].T, Y[:, k:].T], dim=-1)  # [k, n, 2] (U, V per key)
     with single_thread():
-        beta = torch.linalg.pinv(X) @ y  # [k, 2, 2]
-    resid = y - X @ beta
+        beta = torch.linalg.pinv(n * Xs.mT @ Xs) @ (Xs.mT @ Y)  # [k, 2, 2]
+    fit = (Xs @ beta).to(proj.dtype)[:, frame.label_pos.flatten()]  # [k, n^2, 2]
+    y = torch.stack([proj[:, :k].T, proj[:, k:].T], dim=-1)  # [k, n^2, 2]
     var_y = y.square().sum(1)
-    fve = 100.0 * (1.0 - resid.square().sum(1) / var_y)
+    fve = 100.0 * (1.0 - (y - fit).square().sum(1) / var_y)
     fve = torch.where(var_y > 0, fve, torch.nan)
     return fve[:, 0], fve[:, 1]
 

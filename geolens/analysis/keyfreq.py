@@ -7,11 +7,12 @@ with token 0 dropped. Frequencies are integers k in 1..n//2.
 
 from __future__ import annotations
 
-import math
+import functools
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from torch.nn.functional import embedding_bag, mse_loss
 
 from geolens.analysis.fourier import basis_freqs, fourier_basis
 
@@ -50,35 +51,73 @@ def wl_topk_share(W_L: Float[Tensor, "d_mlp n"], freqs: Tensor) -> float:
 
 
 # ---- Nanda's per-neuron rule -----------------------------------------------------------------
+CHUNK_BYTES = 2 << 20  # neuron_freq_shares reads the activations in row blocks of about this size
+
+
+@functools.lru_cache(maxsize=8)
+def _line_plan(n: int, rows: int) -> list[tuple[int, int, Tensor, Tensor]]:
+    """For each block of grid rows a0 <= a < a0 + r: (a0, r, members, offsets) of the
+    embedding_bag whose r + 3n bags are, in the block's own flat cells (k * n + b, a = a0 + k),
+    the r rows, then the n columns b, the n diagonals (a + b) mod n = s and the n diagonals
+    (a - b) mod n = t, each restricted to the block."""
+    plan = []
+    for a0 in range(0, n, rows):
+        r = min(rows, n - a0)
+        k = torch.arange(r)[None, :]  # [1, r]
+        line = torch.arange(n)[:, None]  # [n, 1]
+        bags = [
+            (k.T * n + torch.arange(n)).flatten(),  # rows: k * n + b
+            (k * n + line).flatten(),  # columns
+            (k * n + (line - a0 - k) % n).flatten(),  # b = s - a
+            (k * n + (a0 + k - line) % n).flatten(),  # b = a - t
+        ]
+        sizes = torch.cat([torch.full((r,), n), torch.full((3 * n,), r)])
+        plan.append((a0, r, torch.cat(bags), torch.cumsum(sizes, 0) - sizes))
+    return plan
+
+
 def neuron_freq_shares(acts_grid: Float[Tensor, "n n d_mlp"]) -> tuple[Float[Tensor, "d_mlp K"], Tensor]:
     """Share of each neuron's centred 2-D spectrum energy in the block {const, cos k, sin k}^2.
 
     acts_grid: post-ReLU activations at the `=` position over all inputs, as an n x n grid in
     group order. Returns (shares [d_mlp, K] for k = 1..K, active [d_mlp] bool): a neuron is
     active when its centred energy is nonzero (dead or constant neurons get share 0).
-    With E the block energies of fourier.channel_freq_energy, the block of k is
-    E[0, k] + E[k, 0] + E[k, k] and the centred total is sum(E) - E[0, 0]. Only those are
-    computed: C = F @ grid over a ([n, n, d], one matmul); the const row (F over b of C[0]), the
-    const column (C[1:] summed over b), for each row r > 0 only the (at most two) basis rows of its
-    own frequency over b (a [n-1, 2, n] @ [n-1, n, d] bmm), and the total by Parseval over b:
-    ||C[1:]||^2 + the non-const part of the const row.
+
+    The block of k is E[0, k] + E[k, 0] + E[k, k] (E: energy per (frequency of a, frequency of b)
+    block of the orthonormal 2-D basis) over the centred energy sum((x - mean)^2). The blocks come
+    from sums along lines of the grid, never from a 2-D transform: with F_k the basis rows of
+    frequency k, u the sums over b (one per a), v the sums over a, S+ and S- the sums over the
+    wrapped diagonals (a + b) mod n and (a - b) mod n,
+
+        E[k, 0] = |F_k u|^2 / n,   E[0, k] = |F_k v|^2 / n,   E[k, k] = (|F_k S+|^2 + |F_k S-|^2) / n
+
+    (for even n the Nyquist row of F_k S- repeats that of S+ and is dropped). One pass over the
+    activations in blocks of grid rows (CHUNK_BYTES, cache-sized): per block one embedding_bag
+    for its share of the 4n line sums and sum((x - ref)^2) with ref the mean of grid row 0; the
+    centred energy is that minus n^2 (mean - ref)^2 (ref is close to the mean, so nothing cancels).
     """
     n, _, d = acts_grid.shape
-    F = fourier_basis(n, acts_grid.dtype)
-    freq = basis_freqs(n)
-    K1 = n // 2 + 1
-    C = (F @ acts_grid.reshape(n, n * d)).reshape(n, n, d)  # [a-coef, b, d]
-    row0 = (F @ C[0]).square()  # [b-coef, d]: E[0, .] before grouping
-    col0 = (C[1:].sum(1) / math.sqrt(n)).square()  # [n-1, d]: E[., 0] before grouping
-    pad = torch.cat([F, F.new_zeros(1, n)])  # row n: the missing sin of an even n's Nyquist bin
-    own = torch.stack([2 * freq[1:] - 1, torch.where(2 * freq[1:] < n, 2 * freq[1:], n)], dim=1)  # [n-1, 2]
-    diag = torch.bmm(pad[own], C[1:]).square().sum(1)  # [n-1, d]: E[k, k] before grouping
-    block = torch.zeros(K1, d, dtype=C.dtype)
-    block.index_add_(0, freq, row0).index_add_(0, freq[1:], col0 + diag)
-    total = C[1:].reshape(-1, d).square().sum(0) + row0[1:].sum(0)  # Parseval over b
-    raw = total + row0[0]
-    active = total > 1e-8 * raw  # float32 rounding of a constant neuron leaves ~1e-10 relative energy
-    shares = torch.where(active, block[1:] / total.clamp_min(torch.finfo(total.dtype).tiny), 0.0)
+    flat = acts_grid.reshape(n * n, d)
+    ref = acts_grid[0].mean(0)
+    sums = torch.zeros(4 * n, d, dtype=flat.dtype)  # [u, v, S+, S-]
+    sq = torch.zeros(d, dtype=flat.dtype)
+    rows = max(1, CHUNK_BYTES // (n * d * flat.element_size()))
+    for a0, r, members, offsets in _line_plan(n, rows):
+        block = flat[a0 * n : (a0 + r) * n]
+        part = embedding_bag(members, block, offsets, mode="sum")
+        sums[a0 : a0 + r] = part[:r]
+        sums[n:] += part[r:]
+        sq += mse_loss(block, ref.expand_as(block), reduction="none").sum(0)
+    mean = sums[:n].sum(0) / (n * n)
+    total = sq - n * n * (mean - ref).square()  # centred energy
+    raw = total + n * n * mean.square()
+    basis = fourier_basis(n, flat.dtype)
+    coef_sq = torch.matmul(basis[1:], sums.view(4, n, d)).square_()  # [4, n - 1, d]
+    if n % 2 == 0:
+        coef_sq[3, -1] = 0.0  # the Nyquist wave is the same on both diagonals
+    block_energy = torch.zeros(n // 2, d, dtype=flat.dtype).index_add_(0, basis_freqs(n)[1:] - 1, coef_sq.sum(0)) / n
+    active = total > 1e-8 * raw  # a constant neuron keeps ~1e-14 relative energy (rounding of its mean)
+    shares = torch.where(active, block_energy / total.clamp_min(torch.finfo(total.dtype).tiny), 0.0)
     return shares.T, active
 
 
