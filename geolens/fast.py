@@ -1,4 +1,4 @@
-"""Fast exact training path for the one-layer GeoTransformer (`fast_logits`).
+"""Fast exact training path for the one-layer GeoTransformer (`fast_logits`, `stacked_fast_logits`).
 
 With one layer only the `=` position (2) reaches the logits, and the residual after the
 embedding depends only on (token, position). So everything before the MLP is built from small
@@ -6,31 +6,40 @@ per-token tables (ordinary autograd, once per call; V = d_vocab, R = 2V+1 rows: 
 at position 0, [V, 2V) the token at position 1, 2V the `=` row):
 
     T    = N1(W_E[tok] + W_pos[pos])                         [R, D]
-    S    = T @ (W_K[h] q[h]) / sqrt(dh),  q = T[2V] @ W_Q    [R, H]     scores of the `=` query
+    Sc   = T @ (W_K[h] q[h]) / sqrt(dh),  q = T[2V] @ W_Q    [R, H]     scores of the `=` query
     VO   = T @ W_V[h] @ W_O[h]                               [R, H, D]  value-output rows
-    Tab  = VO[r, h] - VO[2V, h] for r < 2V, and the row T[2V] + sum_h VO[2V, h]   [2V*H + 1, D]
+    Tab  = VO[r, h] - VO[2V, h] at row h*2V + r (r < 2V), then T[2V] + sum_h VO[2V, h]   [2V*H + 1, D]
 
 (the softmax weights sum to 1, so the `=` key's rows fold into one constant row; with uniform
 attention the heads are summed and weighted 1/3 in the table). Per example (`_Body`, an
 autograd.Function with a hand-written backward; a, b the tokens at positions 0, 1):
 
-    p    = softmax over keys (a, b, =) of S[a], S[V+b], S[2V]        [B, 3, H]
-    x    = Tab[const] + sum_h p_a,h Tab[a, h] + p_b,h Tab[V+b, h]    [B, D]   (embedding_bag)
-    h    = N2(x);  pre = h @ W_in + b_in = s(x) * (x @ Wt) + k       [B, Dm]
-    h3   = N3(h + relu(pre) @ W_out + b_out)                         [B, D]
-    out  = h3 @ Wr   (W_U, or tau * W_U / ||W_U col|| when bounded)  [B, C]
+    p    = softmax over keys (a, b, =) of Sc[a], Sc[V+b], Sc[2V]       [B, 3, H]
+    x    = Tab[const] + sum_h p_a,h Tab[a, h] + p_b,h Tab[V+b, h]       [B, D]   (embedding_bag)
+    h    = N2(x);  pre = h @ W_in + b_in = s(x) * (x @ Wt) + k          [B, Dm]
+    h3   = N3(h + relu(pre) @ W_out + b_out)                            [B, D]
+    out  = h3 @ Wr   (W_U, or tau * W_U / ||W_U col|| when bounded)     [B, C]
 
 where s(x) is N2's row scale (rstd, 1/||x||) and Wt = N2's gain * W_in (row-centred for
 LayerNorm), k = N2's offset @ W_in + b_in: so `pre` is a second embedding bag over the rows
-Tab @ Wt (weights scaled by s(x)) instead of a [B, D] x [D, Dm] matmul (TABLE_MLP_INPUT).
+Tab2 = Tab @ Wt (weights scaled by s(x)) instead of a [B, D] x [D, Dm] matmul.
 
-Backward: dense matmuls for the readout and the MLP (dL/dW_in from [h | 1]^T dL/dpre), then
-dL/dx goes back onto the table rows and the attention weights by grouping the (example, key)
-pairs per table row into equal-size chunks (two small bmm's and one index_add). Autograd carries
-the table gradients on to W_E, W_pos, N1, W_Q, W_K, W_V, W_O. Causal and non-causal models share
-this path (the mask never touches the `=` query); in uniform mode W_Q and W_K stay out of the
-graph (grad None), as in the hooked model. The hooked GeoTransformer stays the source of truth:
+Backward: dense matmuls for the readout and the MLP (dL/dpre, dL/dW_out, dL/dh). dL/dW_in =
+sum_e N2(x_e) (x) dL/dpre_e comes from the table rows instead of a [Dm, B] x [B, D] matmul:
+sum_e s(x_e) x_e (x) dL/dpre_e = Tab^T Q, Q [n_tab, Dm] the transposed MLP-input bag (per table
+row, the bag-weighted sum of dL/dpre over the examples reading it), then N2's gain, centring and
+offset. dL/dx goes back onto the table rows and the attention weights by grouping the (example,
+key) pairs per token row into equal-size chunks (two small bmm's and one index_add; uniform
+attention: a transposed bag). Autograd carries the table
+gradients on to W_E, W_pos, N1, W_Q, W_K, W_V, W_O. Causal and non-causal models share this path
+(the mask never touches the `=` query); in uniform mode W_Q and W_K stay out of the graph (grad
+None), as in the hooked model. The hooked GeoTransformer stays the source of truth:
 tests/test_fast.py checks logits and every parameter gradient against it.
+
+Members: every tensor carries a leading member dimension M. `stacked_fast_logits` runs M models
+of one shape (parameters stacked [M, *shape], one token tensor [B, 3] per member) as one
+computation: bmm for the matmuls, and bags over the members' tables flattened to one
+[M * rows, width] table with member-offset row indices. `fast_logits` is M = 1.
 
 Exactness: same float32 math in a different order, so logits agree to ~1e-7 relative and the
 pre-activations are as close to a float64 reference as the hooked model's are. Gradients agree
@@ -38,10 +47,6 @@ to ~1e-6, except that a ReLU unit whose pre-activation lies within rounding erro
 1e-8) can fall on the other side of the kink than in the hooked model; at p = 113 a full batch
 has ~2M units and one such unit shifts W_in's gradient by up to ~1e-4 relative. Neither side is
 more accurate than the other (the hooked model flips as many units against float64).
-
-For a later stacked (many-seed) version: every per-example op is a gather from a table, a
-last-axis reduction or a (b)mm, so a leading member dimension maps onto offset row indices into
-flattened tables and bmm.
 """
 
 from __future__ import annotations
@@ -58,11 +63,7 @@ from torch import Tensor
 from geolens.config import ATTENTIONS, NORMS, UNEMBEDS, GeoConfig
 from geolens.errors import GeoError
 
-__all__ = ["fast_unsupported_reason", "fast_logits", "fast_flops"]
-
-#: compute the MLP input layer as a second embedding bag over Tab @ Wt (True) or as the dense
-#: matmul [h | 1] @ [W_in; b_in] (False); both are exact, the bag does ~16x fewer multiply-adds.
-TABLE_MLP_INPUT = True
+__all__ = ["fast_unsupported_reason", "fast_logits", "stacked_fast_logits", "fast_flops"]
 
 
 def fast_unsupported_reason(cfg: GeoConfig) -> str | None:
@@ -77,33 +78,32 @@ def fast_unsupported_reason(cfg: GeoConfig) -> str | None:
 
 
 def fast_flops(cfg: GeoConfig, n_examples: int, backward: bool = True) -> dict[str, int]:
-    """FLOPs (2 x multiply-adds) of the matmul-like work of one fast forward (+ backward).
+    """FLOPs (2 x multiply-adds) of the matmul-like work of one member's fast forward (+ backward).
 
-    'dense': per-example matmuls: forward relu(pre) @ W_out and h3 @ Wr (plus [h | 1] @ W_in_aug
-    when not TABLE_MLP_INPUT); backward two per forward matmul of the readout and W_out, plus
-    [h | 1]^T dL/dpre and dL/dpre @ W_in^T. 'bags': the embedding bags (rows of d_model, and of
-    d_mlp for the MLP input). 'attention': the grouped backward onto the table rows and the
-    pattern (learned attention only). 'tables': per-token table matmuls (x3 for those with
-    gradients when backward). Elementwise work and chunk padding are not counted.
+    'dense': per-example matmuls: forward relu(pre) @ W_out and h3 @ Wr; backward two per forward
+    matmul plus dL/dpre @ W_in^T. 'bags': the embedding bags (forward: rows of d_model into x, rows
+    of d_mlp into pre; backward: the transposed bags into Q and dL/dTab, and dL/dp = <key row, dL/dx>).
+    'tables': per-token table matmuls (x3 for those with gradients when backward) and Tab^T Q.
+    Elementwise work is not counted.
     """
     B, D, Dm, C, H, dh = n_examples, cfg.d_model, cfg.d_mlp, cfg.d_vocab_out, cfg.n_heads, cfg.d_head
     R = 2 * cfg.d_vocab + 1
     uniform = cfg.attention == "uniform"
     mult = 3 if backward else 1
-    dense = 2 * B * (Dm * D + D * C) * mult + (0 if TABLE_MLP_INPUT else 2 * B * (D + 1) * Dm)
-    if backward:
-        dense += 2 * B * 2 * (D + 1) * Dm
+    dense = 2 * B * (Dm * D + D * C) * mult + (2 * B * D * Dm if backward else 0)
     slots = 3 if uniform else 2 * H + 1
-    bags = 2 * B * slots * D + (2 * B * (slots + 1) * Dm if TABLE_MLP_INPUT else 0)
-    attention = 0 if uniform or not backward else 2 * (2 * B) * H * D * 2
+    bags = 2 * B * slots * D + 2 * B * (slots + 1) * Dm
+    if backward:
+        bags += 2 * B * slots * (Dm + D) + (0 if uniform else 2 * B * 2 * H * D)
+    n_tab = R if uniform else (R - 1) * H + 1
     if uniform:
         grad_tables = R * D * D + H * dh * D * D
         mlp_table = R * D * Dm
     else:
         grad_tables = R * D * H * dh + R * H * dh * D + R * D * H + 2 * D * H * dh
         mlp_table = H * dh * D * Dm + R * H * dh * Dm
-    tables = 2 * (mult * grad_tables + (mlp_table + D * Dm if TABLE_MLP_INPUT else 0))
-    return {"dense": dense, "bags": bags, "attention": attention, "tables": tables}
+    tables = 2 * (mult * grad_tables + mlp_table + D * Dm) + (2 * n_tab * D * Dm if backward else 0)
+    return {"dense": dense, "bags": bags, "tables": tables}
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,6 @@ class _Spec:
     eps: float
     n_heads: int
     d_vocab: int
-    d_mlp: int
     uniform: bool
 
 
@@ -122,33 +121,34 @@ def _norm_eps(cfg: GeoConfig) -> float:
     return {"layernorm": cfg.ln_eps, "rmsnorm": cfg.rms_eps, "sphere": cfg.sphere_eps}.get(cfg.norm, 0.0)
 
 
-def _norm_params(mod) -> tuple[Tensor | None, Tensor | None]:
-    return getattr(mod, "w", None), getattr(mod, "b", None)
+# ---- norms (x [M, n, d], per-member gain w and offset b [M, d] or None) -------------------------
+def _stack(ts: list[Tensor]) -> Tensor:
+    return ts[0].unsqueeze(0) if len(ts) == 1 else torch.stack(ts)
 
 
-# ---- norms ------------------------------------------------------------------------------------
-def _norm_autograd(kind: str, x: Float[Tensor, "... d"], w: Tensor | None, b: Tensor | None, eps: float) -> Tensor:
-    """The model's post-norm N(x) with autograd (used on the [R, D] table only)."""
+def _norm_autograd(kind: str, x: Float[Tensor, "M n d"], w: Tensor | None, b: Tensor | None, eps: float) -> Tensor:
+    """The model's post-norm N(x) with autograd (used on the [M, R, D] tables only)."""
     if kind == "layernorm":
-        return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+        return _stack([F.layer_norm(x[m], (x.shape[-1],), w[m], b[m], eps) for m in range(x.shape[0])])
     if kind == "rmsnorm":
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w[:, None]
     if kind == "sphere":
         return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
     return x
 
 
-def _norm_fwd(kind: str, x: Float[Tensor, "B d"], w: Tensor | None, b: Tensor | None, eps: float):
-    """(N(x) [B, d], a [B, 1] or None, saved for _norm_bwd); a is the row scale of the norm
+def _norm_fwd(kind: str, x: Float[Tensor, "M B d"], w: Tensor | None, b: Tensor | None, eps: float):
+    """(N(x) [M, B, d], a [M, B, 1] or None, saved for _norm_bwd); a is the row scale of the norm
     (rstd for LayerNorm/RMSNorm, 1/max(||x||, eps) for the sphere, None for 'none')."""
     d = x.shape[-1]
-    if kind == "layernorm":
-        out, mean, rstd = torch.native_layer_norm(x, (d,), w, b, eps)
-        return out, rstd, (x, mean, rstd)
+    if kind == "layernorm":  # per member: the fused kernel takes one gain and offset
+        outs, means, rstds = zip(*(torch.native_layer_norm(x[m], (d,), w[m], b[m], eps) for m in range(x.shape[0])))
+        mean, rstd = _stack(means), _stack(rstds)
+        return _stack(outs), rstd, (x, mean, rstd)
     if kind == "rmsnorm":
         rstd = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(d).add_(eps).rsqrt_()
         n = x * rstd
-        return n * w, rstd, (n, rstd)
+        return n * w[:, None], rstd, (n, rstd)
     if kind == "sphere":
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
         a = norm.clamp_min(eps).reciprocal_()
@@ -157,16 +157,20 @@ def _norm_fwd(kind: str, x: Float[Tensor, "B d"], w: Tensor | None, b: Tensor | 
     return x, None, ()
 
 
-def _norm_bwd(kind: str, g: Float[Tensor, "B d"], saved, w, b, need_w: bool, need_b: bool):
-    """(dL/dx [B, d], dL/dw or None, dL/db or None) for the norm whose forward saved `saved`."""
+def _norm_bwd(kind: str, g: Float[Tensor, "M B d"], saved, w: Tensor | None, b: Tensor | None, need_w: bool,
+              need_b: bool):
+    """(dL/dx [M, B, d], dL/dw [M, d] or None, dL/db [M, d] or None) for the norm whose forward saved `saved`."""
     d = g.shape[-1]
     if kind == "layernorm":
         x, mean, rstd = saved
-        return torch.ops.aten.native_layer_norm_backward(g, x, [d], mean, rstd, w, b, [True, need_w, need_b])
+        gx, gw, gb = zip(*(torch.ops.aten.native_layer_norm_backward(g[m], x[m], [d], mean[m], rstd[m], w[m], b[m],
+                                                                      [True, need_w, need_b])
+                           for m in range(g.shape[0])))
+        return _stack(gx), _stack(gw) if need_w else None, _stack(gb) if need_b else None
     if kind == "rmsnorm":
         n, rstd = saved  # out = n * w, n = x * rstd
-        gw = (g * n).sum(0) if need_w else None
-        gn = g * w
+        gw = (g * n).sum(1) if need_w else None
+        gn = g * w[:, None]
         dot = (gn * n).mean(-1, keepdim=True)
         return gn.sub_(n * dot).mul_(rstd), gw, None
     if kind == "sphere":
@@ -176,38 +180,63 @@ def _norm_bwd(kind: str, g: Float[Tensor, "B d"], saved, w, b, need_w: bool, nee
     return g, None, None
 
 
-# ---- token-dependent indices (cached per tokens tensor) ----------------------------------------
+# ---- token-dependent indices (cached per list of tokens tensors) --------------------------------
 class _Plan:
-    """Everything about a batch that depends only on its tokens.
+    """Everything about the members' token tensors (each [B, 3]) that depends only on the tokens.
 
-    rows [2B]: table row of every (example, position) entry, r = a for position 0 and V + b for
-    position 1. slots [B, n]: the embedding bag's rows (see _Body); slots2 [B, n+1]: the same plus
-    the k row of Tab2. The chunk grouping used by the backward is built on first use.
+    Example i = m * B + e is row e of member m; a, b its tokens at positions 0, 1. Table rows are
+    rows of the members' tables flattened along the member axis (member m's Tab rows start at
+    m * n_tab, its score rows at m * R; Tab2 holds the M * n_tab rows of Tab @ Wt, then one k row
+    per member):
+
+    idx [M*B, n]: the x bag's slots. Learned: h*2V + a for h < H, then h*2V + V + b, then the
+    constant row 2V*H (n = 2H + 1); uniform: a, V + b, 2V (n = 3).
+    idx2 [M*B, n + 1]: idx, then member m's k row M*n_tab + m (the MLP-input bag over Tab2).
+    Transposed bag (dL/dW_in): t_src [M*B*n] the example of each idx entry, sorted by table row;
+    t_offsets [M*n_tab] where each table row's entries start; t_w2 the entries' flat positions in
+    a [M*B, n + 1] weight tensor.
+    Learned only: entries j < 2MB are (position 0 of example j) and (position 1 of example
+    j - MB), rows [2MB] their token rows in [0, M*2V) (member offset m*2V), sc_rows the same rows
+    of the score tables; chunks() groups them per token row for the backward.
     """
 
-    def __init__(self, tokens: Int[Tensor, "B 3"], V: int, H: int, uniform: bool):
-        B, dev = tokens.shape[0], tokens.device
-        self.B, self.V, self.H = B, V, H
-        self.eq = int(tokens[0, 2])
-        self.same_eq = not bool((tokens[:, 2] != self.eq).any())
-        t0, t1 = tokens[:, 0].contiguous(), tokens[:, 1] + V
-        self.rows = torch.cat((t0, t1))
-        if uniform:  # Tab rows r in [0, 2V), then the constant row 2V
-            self.slots = torch.stack((t0, t1, torch.full_like(t0, 2 * V)), 1)
-        else:  # Tab rows r * H + h, then the constant row 2V * H
-            ar = torch.arange(H, device=dev)
-            self.slots = torch.cat((t0[:, None] * H + ar, t1[:, None] * H + ar, torch.full_like(t0, 2 * V * H)[:, None]), 1)
-        n_tab = int(self.slots[0, -1]) + 1
-        self.slots2 = torch.cat((self.slots, torch.full_like(t0, n_tab)[:, None]), 1)  # + the k row of Tab2
-        self._chunks = None
+    def __init__(self, tokens: list[Tensor], V: int, H: int, uniform: bool):
+        tok = torch.stack(tokens)  # [M, B, 3]
+        M, B, dev = tok.shape[0], tok.shape[1], tok.device
+        self.M, self.B, self.V, self.H = M, B, V, H
+        self.eq = int(tok[0, 0, 2])
+        self.same_eq = not bool((tok[..., 2] != self.eq).any())
+        a, b = tok[..., 0], tok[..., 1] + V  # [M, B]
+        members = torch.arange(M, device=dev)[:, None]
+        if uniform:
+            self.n_tab = 2 * V + 1
+            local = torch.stack((a, b, torch.full_like(a, 2 * V)), -1)  # [M, B, 3]
+        else:
+            self.n_tab = 2 * V * H + 1
+            heads = torch.arange(H, device=dev)
+            local = torch.cat((heads * (2 * V) + a[..., None], heads * (2 * V) + b[..., None],
+                               torch.full_like(a, 2 * V * H)[..., None]), -1)
+            self.rows = torch.cat(((a + members * (2 * V)).view(-1), (b + members * (2 * V)).view(-1)))
+            self.sc_rows = torch.cat(((a + members * (2 * V + 1)).view(-1), (b + members * (2 * V + 1)).view(-1)))
+            self._chunks = None
+        n = local.shape[-1]
+        self.idx = (local + (members * self.n_tab)[..., None]).view(M * B, n)
+        k_rows = (M * self.n_tab + members).expand(M, B)[..., None]
+        self.idx2 = torch.cat((self.idx.view(M, B, n), k_rows), -1).view(M * B, n + 1)
+        flat = self.idx.view(-1)
+        order = torch.argsort(flat, stable=True)
+        self.t_src = torch.div(order, n, rounding_mode="floor")
+        self.t_w2 = self.t_src * (n + 1) + order % n
+        counts = torch.bincount(flat, minlength=M * self.n_tab)
+        self.t_offsets = torch.cumsum(counts, 0) - counts
 
     def chunks(self):
-        """(members [n_chunks*c] entry ids (padding 2B), ex [n_chunks*c] example ids (padding 0),
-        chunk_row [n_chunks], slot [2B], (n_chunks, c)): entries grouped by table row into chunks of
+        """(members [n_chunks*c] entry ids (padding 2MB), ex [n_chunks*c] example ids (padding 0),
+        chunk_row [n_chunks], slot [2MB], (n_chunks, c)): entries grouped by token row into chunks of
         c, chosen to keep both the padding and the number of chunks small."""
         if self._chunks is None:
-            rows, N = self.rows, self.rows.shape[0]
-            counts = torch.bincount(rows, minlength=2 * self.V)
+            rows, N, n_rows = self.rows, self.rows.shape[0], 2 * self.V * self.M
+            counts = torch.bincount(rows, minlength=n_rows)
             n_max = int(counts.max())
             best = None
             for cand in sorted({n_max, 8, 16, 24, 32, 48, 64, 96}):
@@ -227,177 +256,217 @@ class _Plan:
             members[pos] = order
             slot = torch.empty_like(pos)
             slot[order] = pos
-            ex = torch.where(members < N, members % self.B, 0)
-            chunk_row = torch.repeat_interleave(torch.arange(2 * self.V, device=rows.device), n_ch)
+            ex = torch.where(members < N, members % (N // 2), 0)
+            chunk_row = torch.repeat_interleave(torch.arange(n_rows, device=rows.device), n_ch)
             self._chunks = (members, ex, chunk_row, slot, (n_chunks, c))
         return self._chunks
 
 
-_PLANS: dict[int, tuple] = {}
-MAX_PLANS = 32  # a batched sweep holds a train and a test tokens tensor per member: 16 members fit
+_PLANS: dict[tuple, tuple] = {}
+MAX_PLANS = 16  # a sweep holds one stacked train and one stacked test plan; analysis a few more
 
 
-def _plan(tokens: Tensor, V: int, H: int, uniform: bool) -> _Plan:
-    """The _Plan of `tokens`, reused while the same tensor object is passed unmodified."""
-    sig = (tokens._version, tuple(tokens.shape), tokens.device, V, H, uniform)
-    hit = _PLANS.get(id(tokens))
-    if hit is not None and hit[0]() is tokens and hit[1] == sig:
+def _plan(tokens: list[Tensor], V: int, H: int, uniform: bool) -> _Plan:
+    """The _Plan of `tokens`, reused while the same tensor objects are passed unmodified."""
+    key = (tuple(id(t) for t in tokens), V, H, uniform)
+    sig = tuple((t._version, tuple(t.shape), t.device) for t in tokens)
+    hit = _PLANS.get(key)
+    if hit is not None and all(r() is t for r, t in zip(hit[0], tokens)) and hit[1] == sig:
         return hit[2]
     plan = _Plan(tokens, V, H, uniform)
     if len(_PLANS) >= MAX_PLANS:
         _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[id(tokens)] = (weakref.ref(tokens), sig, plan)
+    _PLANS[key] = ([weakref.ref(t) for t in tokens], sig, plan)
     return plan
 
 
 # ---- the per-example part ---------------------------------------------------------------------
 class _Body(torch.autograd.Function):
-    """Per-example part of the fast forward (see the module docstring).
+    """Per-example part of the fast forward (see the module docstring), M members at once.
 
-    Inputs: plan (_Plan), spec (_Spec); S [R, H] scores of the `=` query (None if uniform);
-    Tab [n_tab, D] rows whose weighted sum is x, the residual at `=` after attention (learned:
-    row r*H + h = VO[r, h] - VO[2V, h] for r in [0, 2V), then the constant row
+    Inputs: plan (_Plan), spec (_Spec); Sc [M, R, H] scores of the `=` query (None if uniform);
+    Tab [M, n_tab, D] rows whose weighted sum is x, the residual at `=` after attention (learned:
+    row h*2V + r = VO[r, h] - VO[2V, h] for r in [0, 2V), then the constant row
     T[2V] + sum_h VO[2V, h]; uniform: row r = sum_h VO[r, h] / 3 for r in [0, 2V), then
     T[2V] + sum_h VO[2V, h] / 3; VO[r, h] = T[r] @ W_V[h] @ W_O[h]);
-    Tab2 [n_tab + 1, Dm] or None (no grad): Tab @ Wt plus the row k, for the MLP-input bag;
-    W_in_aug [D+1, Dm] = [W_in; b_in]; w2, b2 (N2 params or None); W_out [Dm, D]; b_out [D];
-    w3, b3 (N3 params or None); Wr [D, C]. Output: logits [B, C].
+    Tab2 [M*n_tab + M, Dm] (no grad): the members' Tab @ Wt rows, then their k rows;
+    W_in [M, D, Dm], b_in [M, Dm]; w2, b2 (N2 params [M, D] or None); W_out [M, Dm, D];
+    b_out [M, D]; w3, b3 (N3 params or None); Wr [M, D, C]. Output: logits [M, B, C].
     """
 
     @staticmethod
-    def forward(ctx, plan, spec, S, Tab, Tab2, W_in_aug, w2, b2, W_out, b_out, w3, b3, Wr):
-        B, H, V = plan.B, spec.n_heads, spec.d_vocab
-        p = None
-        if spec.uniform:
-            x = F.embedding_bag(plan.slots, Tab, mode="sum")
-        else:
-            # softmax of the `=` query over its keys (a, b, =), per head: p [B, 3, H]
-            s = torch.stack((S.index_select(0, plan.rows[:B]), S.index_select(0, plan.rows[B:]), S[2 * V].expand(B, H)), 1)
+    def forward(ctx, plan, spec, Sc, Tab, Tab2, W_in, b_in, w2, b2, W_out, b_out, w3, b3, Wr):
+        M, B, H, V = plan.M, plan.B, spec.n_heads, spec.d_vocab
+        D, Dm = Tab.shape[-1], Tab2.shape[-1]
+        MB = M * B
+        p = wx = None
+        if not spec.uniform:
+            # softmax of the `=` query over its keys (a, b, =), per head: p [MB, 3, H]
+            s = torch.empty(MB, 3, H, dtype=Tab.dtype, device=Tab.device)
+            s[:, :2] = Sc.reshape(-1, H).index_select(0, plan.sc_rows).view(2, MB, H).transpose(0, 1)
+            s[:, 2] = Sc[:, 2 * V, None].expand(M, B, H).reshape(MB, H)
             p = (s - s.amax(1, keepdim=True)).exp_()
             p /= p.sum(1, keepdim=True)
-            w = torch.empty(B, 2 * H + 1, dtype=p.dtype, device=p.device)  # [p0 | p1 | 1]
-            w[:, : 2 * H] = p[:, :2].reshape(B, 2 * H)
-            w[:, 2 * H] = 1.0
-            x = F.embedding_bag(plan.slots, Tab, per_sample_weights=w, mode="sum")
+            wx = torch.ones(MB, 2 * H + 1, dtype=p.dtype, device=p.device)  # x bag weights [p0 | p1 | 1]
+            wx[:, : 2 * H] = p[:, :2].reshape(MB, 2 * H)
+        x = F.embedding_bag(plan.idx, Tab.view(-1, D), per_sample_weights=wx, mode="sum").view(M, B, D)
         h, a, st2 = _norm_fwd(spec.norm, x, w2, b2, spec.eps)
-        h_aug = torch.empty(B, h.shape[1] + 1, dtype=h.dtype, device=h.device)  # [h | 1]
-        h_aug[:, -1] = 1.0
-        h_aug[:, :-1] = h
-        if Tab2 is None:
-            pre = torch.mm(h_aug, W_in_aug)
-        elif a is None and spec.uniform:
-            pre = F.embedding_bag(plan.slots2, Tab2, mode="sum")
-        else:
-            # N2(x) @ W_in + b_in = a * (x @ Wt) + k: the same bag over Tab2 = Tab @ Wt, weights * a, plus k
-            n = plan.slots.shape[1]
-            w2b = torch.empty(B, n + 1, dtype=x.dtype, device=x.device)
-            if spec.uniform:
-                w2b[:, :n] = a
+        # N2(x) @ W_in + b_in = a * (x @ Wt) + k: the x bag over Tab2 = Tab @ Wt with weights * a, plus k
+        n = plan.idx.shape[1]
+        w_pre = None
+        if a is not None or wx is not None:
+            w_pre = torch.ones(MB, n + 1, dtype=x.dtype, device=x.device)
+            if wx is None:
+                w_pre[:, :n] = a.view(MB, 1)
             elif a is None:
-                w2b[:, :n] = w
+                w_pre[:, :n] = wx
             else:
-                torch.mul(w, a, out=w2b[:, :n])
-            w2b[:, n] = 1.0
-            pre = F.embedding_bag(plan.slots2, Tab2, per_sample_weights=w2b, mode="sum")
+                torch.mul(wx, a.view(MB, 1), out=w_pre[:, :n])
+        pre = F.embedding_bag(plan.idx2, Tab2, per_sample_weights=w_pre, mode="sum").view(M, B, Dm)
         post = pre.relu_()
-        y = torch.addmm(b_out, post, W_out).add_(h)
+        y = torch.baddbmm(b_out[:, None], post, W_out).add_(h)
         h3, _, st3 = _norm_fwd(spec.norm, y, w3, b3, spec.eps)
-        logits = h3 @ Wr
+        logits = torch.bmm(h3, Wr)
         ctx.plan, ctx.spec = plan, spec
         ctx.st2, ctx.st3 = st2, st3
-        ctx.save_for_backward(Tab, p, h_aug, post, h3, W_in_aug, W_out, w2, b2, w3, b3, Wr)
+        ctx.save_for_backward(Tab, p, w_pre, post, h3, W_in, W_out, w2, b2, w3, b3, Wr)
         return logits
 
     @staticmethod
     def backward(ctx, g_logits):
         plan, spec = ctx.plan, ctx.spec
-        Tab, p, h_aug, post, h3, W_in_aug, W_out, w2, b2, w3, b3, Wr = ctx.saved_tensors
+        Tab, p, w_pre, post, h3, W_in, W_out, w2, b2, w3, b3, Wr = ctx.saved_tensors
         need = ctx.needs_input_grad
-        B, H, V = plan.B, spec.n_heads, spec.d_vocab
-        D = h_aug.shape[1] - 1
-        # readout, N3, MLP (dense)
-        g_Wr = h3.T @ g_logits if need[12] else None
-        g_y, g_w3, g_b3 = _norm_bwd(spec.norm, g_logits @ Wr.T, ctx.st3, w3, b3, need[10], need[11])
-        g_b_out = g_y.sum(0)
-        g_W_out = post.T @ g_y
-        g_pre = g_y @ W_out.T
+        M, B, H, V = plan.M, plan.B, spec.n_heads, spec.d_vocab
+        D, Dm, n_tab = Tab.shape[-1], post.shape[-1], plan.n_tab
+        MB = M * B
+        # readout, N3, MLP output (dense)
+        g_Wr = torch.bmm(h3.transpose(1, 2), g_logits) if need[13] else None
+        g_y, g_w3, g_b3 = _norm_bwd(spec.norm, torch.bmm(g_logits, Wr.transpose(1, 2)), ctx.st3, w3, b3, need[11],
+                                    need[12])
+        g_b_out = g_y.sum(1)
+        g_W_out = torch.bmm(post.transpose(1, 2), g_y)
+        g_pre = torch.bmm(g_y, W_out.transpose(1, 2))
         torch.ops.aten.threshold_backward.grad_input(g_pre, post, 0.0, grad_input=g_pre)
-        g_W_in_aug = h_aug.T @ g_pre  # [D+1, Dm]: dL/dW_in and dL/db_in
-        g_h = torch.addmm(g_y, g_pre, W_in_aug[:D].T)
-        del g_pre
-        g_x, g_w2, g_b2 = _norm_bwd(spec.norm, g_h, ctx.st2, w2, b2, need[6], need[7])
-        # x = sum of the bag's weighted Tab rows
-        g_Tab = torch.zeros_like(Tab)
-        g_S = None
-        if spec.uniform:
-            g_Tab.index_add_(0, plan.rows[:B], g_x)
-            g_Tab.index_add_(0, plan.rows[B:], g_x)
-            g_Tab[2 * V] = g_x.sum(0)
+        g_b_in = g_pre.sum(1)
+        # dL/dW_in = sum_e N2(x_e) (x) g_pre_e from sum_e a_e x_e (x) g_pre_e = Tab^T Q, Q the transposed
+        # MLP-input bag: per table row, the sum of a_e * weight * g_pre_e over the entries reading it
+        Q = F.embedding_bag(plan.t_src, g_pre.view(MB, Dm), plan.t_offsets, mode="sum",
+                            per_sample_weights=None if w_pre is None else w_pre.view(-1)[plan.t_w2]).view(M, n_tab, Dm)
+        if spec.norm == "layernorm":  # N2(x) = rstd * (x - mean) * w2 + b2: centre the rows
+            g_W_in = torch.bmm((Tab - Tab.mean(-1, keepdim=True)).transpose(1, 2), Q)
+            g_W_in = torch.addcmul(b2[:, :, None] * g_b_in[:, None], w2[:, :, None], g_W_in)
         else:
-            g_Tab[2 * V * H] = g_x.sum(0)
+            g_W_in = torch.bmm(Tab.transpose(1, 2), Q)
+            if w2 is not None:
+                g_W_in.mul_(w2[:, :, None])
+        del Q
+        g_h = torch.baddbmm(g_y, g_pre, W_in.transpose(1, 2))
+        del g_pre
+        g_x, g_w2, g_b2 = _norm_bwd(spec.norm, g_h, ctx.st2, w2, b2, need[7], need[8])
+        g_x = g_x.reshape(MB, D)
+        # x = sum of the bag's weighted Tab rows
+        g_Sc = None
+        if spec.uniform:
+            g_Tab = F.embedding_bag(plan.t_src, g_x, plan.t_offsets, mode="sum").view(M, n_tab, D)
+        else:
             members, ex, chunk_row, slot, shape = plan.chunks()
-            G = g_x.index_select(0, ex).view(*shape, D)  # [n_chunks, c, D] rows of g_x per table row
+            G = g_x.index_select(0, ex).view(*shape, D)  # [n_chunks, c, D] rows of g_x per token row
             pw = torch.cat((p[:, 0], p[:, 1], p.new_zeros(1, H))).index_select(0, members).view(*shape, H)
             part = torch.bmm(pw.transpose(1, 2), G)  # [n_chunks, H, D]
-            g_Tab[: 2 * V * H].view(2 * V, H * D).index_add_(0, chunk_row, part.view(-1, H * D))
+            g_rows = torch.zeros(M * 2 * V, H, D, dtype=Tab.dtype, device=Tab.device)  # per token row r
+            g_rows.index_add_(0, chunk_row, part)
+            g_Tab = torch.cat((g_rows.view(M, 2 * V, H, D).transpose(1, 2).reshape(M, H * 2 * V, D),
+                               g_x.view(M, B, D).sum(1, keepdim=True)), 1)
             if need[2]:
                 # dL/dp for the keys a, b (the `=` key's rows are folded into the constant row, so its
                 # dL/dp is 0 up to a shift the softmax Jacobian ignores)
-                trow = Tab[: 2 * V * H].view(2 * V, H, D).index_select(0, chunk_row)  # [n_chunks, H, D]
-                g_pk = torch.bmm(G, trow.transpose(1, 2)).view(-1, H).index_select(0, slot)  # [2B, H]
+                trow = Tab[:, :-1].view(M, H, 2 * V, D).transpose(1, 2).reshape(M * 2 * V, H, D)
+                trow = trow.index_select(0, chunk_row)  # [n_chunks, H, D]
+                g_pk = torch.bmm(G, trow.transpose(1, 2)).view(-1, H).index_select(0, slot)  # [2MB, H]
                 p0, p1, p2 = p.unbind(1)
-                g_p0, g_p1 = g_pk[:B], g_pk[B:]
+                g_p0, g_p1 = g_pk[:MB], g_pk[MB:]
                 dot = p0 * g_p0 + p1 * g_p1
-                g_S = torch.zeros((2 * V + 1, H), dtype=dot.dtype, device=dot.device)
-                g_S.index_add_(0, plan.rows, torch.cat((p0 * (g_p0 - dot), p1 * (g_p1 - dot))))
-                g_S[2 * V] = (p2 * dot).sum(0).neg_()
-        return (None, None, g_S, g_Tab, None, g_W_in_aug, g_w2, g_b2, g_W_out, g_b_out, g_w3, g_b3, g_Wr)
+                g_Sc = torch.zeros((M, 2 * V + 1, H), dtype=dot.dtype, device=dot.device)
+                g_Sc.view(-1, H).index_add_(0, plan.sc_rows, torch.cat((p0 * (g_p0 - dot), p1 * (g_p1 - dot))))
+                g_Sc[:, 2 * V] = (p2 * dot).view(M, B, H).sum(1).neg_()
+        return (None, None, g_Sc, g_Tab, None, g_W_in, g_b_in, g_w2, g_b2, g_W_out, g_b_out, g_w3, g_b3, g_Wr)
 
 
-# ---- tables and the entry point ---------------------------------------------------------------
-def _tables(model, eq: int):
-    """Per-token tables with autograd (see _Body for the layout): S (None if uniform), Tab, Wr."""
-    cfg = model.cfg
+# ---- tables and the entry points --------------------------------------------------------------
+def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int):
+    """Per-token tables with autograd from stacked parameters P {name: [M, *shape]} (layout in
+    _Body): Sc [M, R, H] (None if uniform), Tab [M, n_tab, D], Tab2 [M*n_tab + M, Dm], Wr [M, D, C]."""
     eps = _norm_eps(cfg)
     H, dh, V, D = cfg.n_heads, cfg.d_head, cfg.d_vocab, cfg.d_model
-    W_E, W_pos = model.embed.W_E, model.pos_embed.W_pos
-    attn = model.blocks[0].attn
-    R_in = torch.cat((W_E + W_pos[0], W_E + W_pos[1], (W_E[eq] + W_pos[2]).unsqueeze(0)))
-    T = _norm_autograd(cfg.norm, R_in, *_norm_params(model.embed_norm), eps)  # [R, D]
-    t2 = T[-1]
-    W_Vf = attn.W_V.permute(1, 0, 2).reshape(D, H * dh)  # [D, H*dh]
-    W_Of = attn.W_O.reshape(H * dh, D)  # [H*dh, D]
-    S = None
+    W_E, W_pos = P["embed.W_E"], P["pos_embed.W_pos"]
+    M = W_E.shape[0]
+    W_Q, W_K, W_V, W_O = (P[f"blocks.0.attn.{n}"] for n in ("W_Q", "W_K", "W_V", "W_O"))
+    R_in = torch.cat((W_E + W_pos[:, 0:1], W_E + W_pos[:, 1:2], W_E[:, eq : eq + 1] + W_pos[:, 2:3]), 1)
+    T = _norm_autograd(cfg.norm, R_in, P.get("embed_norm.w"), P.get("embed_norm.b"), eps)  # [M, R, D]
+    t2 = T[:, -1:]  # [M, 1, D]
+    W_Vf = W_V.permute(0, 2, 1, 3).reshape(M, D, H * dh)
+    W_Of = W_O.reshape(M, H * dh, D)
+    Sc = None
     if cfg.attention == "uniform":
-        VO = T @ ((W_Vf @ W_Of) * (1.0 / 3.0))  # [R, D]: sum over heads of T @ W_V[h] @ W_O[h], / 3
-        Tab = torch.cat((VO[: 2 * V], VO[2 * V :] + t2))
+        VO = torch.bmm(T, torch.bmm(W_Vf, W_Of) * (1.0 / 3.0))  # [M, R, D]: sum_h T @ W_V[h] @ W_O[h] / 3
+        Tab = torch.cat((VO[:, : 2 * V], VO[:, 2 * V :] + t2), 1)
     else:
         # p2 = 1 - p0 - p1: token rows relative to the `=` row, plus one constant row
-        Vrel = (T[: 2 * V] - t2) @ W_Vf  # [2V, H*dh]
-        VOrel = torch.bmm(Vrel.view(2 * V, H, dh).transpose(0, 1), attn.W_O)  # [H, 2V, D]
-        const = t2 + (t2 @ W_Vf) @ W_Of
-        Tab = torch.cat((VOrel.transpose(0, 1).reshape(2 * V * H, D), const.unsqueeze(0)))
-        q = torch.einsum("d,hde->he", t2, attn.W_Q)
-        u = torch.einsum("hde,he->dh", attn.W_K, q) * (1.0 / math.sqrt(dh))
-        S = T @ u
-    Tab2 = None
-    if TABLE_MLP_INPUT:
-        with torch.no_grad():
-            blk = model.blocks[0]
-            mlp = blk.mlp
-            w2, b2 = _norm_params(blk.attn_norm)
-            Wt = mlp.W_in if w2 is None else w2[:, None] * mlp.W_in
-            if cfg.norm == "layernorm":
-                Wt = Wt - Wt.mean(0, keepdim=True)
-            k = mlp.b_in if b2 is None else b2 @ mlp.W_in + mlp.b_in
-            if cfg.attention == "uniform":
-                Tab2 = torch.cat((Tab.detach() @ Wt, k.unsqueeze(0)))
-            else:
-                M = torch.bmm(Vrel.detach().view(2 * V, H, dh).transpose(0, 1), attn.W_O.detach() @ Wt)  # [H, 2V, Dm]
-                Tab2 = torch.cat((M.transpose(0, 1).reshape(2 * V * H, -1), (Tab[-1].detach() @ Wt).unsqueeze(0), k.unsqueeze(0)))
-    W_U = model.unembed.W_U
-    Wr = cfg.tau * W_U / W_U.norm(dim=0, keepdim=True).clamp_min(1e-12) if cfg.unembed == "bounded" else W_U
-    return S, Tab, Tab2, Wr
+        Vh = torch.bmm(T[:, : 2 * V] - t2, W_Vf).view(M, 2 * V, H, dh).transpose(1, 2)  # [M, H, 2V, dh]
+        VOrel = torch.matmul(Vh, W_O)  # [M, H, 2V, D]
+        const = t2 + torch.bmm(torch.bmm(t2, W_Vf), W_Of)
+        Tab = torch.cat((VOrel.reshape(M, H * 2 * V, D), const), 1)
+        q = torch.einsum("md,mhde->mhe", t2[:, 0], W_Q)
+        u = torch.einsum("mhde,mhe->mdh", W_K, q) * (1.0 / math.sqrt(dh))
+        Sc = torch.bmm(T, u)
+    with torch.no_grad():
+        W_in, b_in = P["blocks.0.mlp.W_in"], P["blocks.0.mlp.b_in"]
+        w2, b2 = P.get("blocks.0.attn_norm.w"), P.get("blocks.0.attn_norm.b")
+        Wt = W_in if w2 is None else w2[:, :, None] * W_in  # [M, D, Dm]
+        if cfg.norm == "layernorm":
+            Wt = Wt - Wt.mean(1, keepdim=True)
+        n_tab = Tab.shape[1]
+        Tab2 = torch.empty(M * (n_tab + 1), W_in.shape[-1], dtype=Tab.dtype, device=Tab.device)
+        torch.bmm(Tab.detach(), Wt, out=Tab2[: M * n_tab].view(M, n_tab, -1))
+        Tab2[M * n_tab :] = b_in if b2 is None else torch.baddbmm(b_in[:, None], b2[:, None], W_in)[:, 0]
+    W_U = P["unembed.W_U"]
+    Wr = cfg.tau * W_U / W_U.norm(dim=1, keepdim=True).clamp_min(1e-12) if cfg.unembed == "bounded" else W_U
+    return Sc, Tab, Tab2, Wr
+
+
+def stacked_fast_logits(cfg: GeoConfig, params: dict[str, Tensor],
+                        tokens: list[Int[Tensor, "batch 3"]]) -> Float[Tensor, "M batch d_vocab_out"]:
+    """Logits [M, B, d_vocab_out] of M one-layer GeoTransformers of config `cfg` (up to the member
+    fields of geolens.batched) with parameters params {name: [M, *shape]} (GeoTransformer's
+    parameter names), member m on tokens[m] [B, 3] (the same B for all).
+
+    Member m's logits equal GeoTransformer(params[:, m])(tokens[m]) up to float rounding, and
+    gradients flow to `params`. Every row must carry the same `=` token at position 2. Index work
+    that depends only on the tokens is cached while the same (unmodified) tensors are passed again.
+    """
+    reason = fast_unsupported_reason(cfg)
+    if reason is not None:
+        raise GeoError(f"fast path unsupported: {reason}")
+    if any(t.dim() != 2 or t.shape[1] != 3 for t in tokens):
+        raise GeoError(f"fast path needs tokens of shape [batch, 3], got {[tuple(t.shape) for t in tokens]}")
+    if len({t.shape[0] for t in tokens}) != 1:
+        raise GeoError(f"stacked fast path needs the same batch size for every member, got {[len(t) for t in tokens]}")
+    M, B = len(tokens), tokens[0].shape[0]
+    W_U = params["unembed.W_U"]
+    if B == 0:
+        return W_U.new_zeros(M, 0, cfg.d_vocab_out)
+    V, uniform = cfg.d_vocab, cfg.attention == "uniform"
+    plan = _plan(tokens, V, cfg.n_heads, uniform)
+    if not plan.same_eq:
+        raise GeoError("fast path needs the same token at position 2 in every row (the '=' token)")
+    Sc, Tab, Tab2, Wr = _tables(cfg, params, plan.eq)
+    spec = _Spec(cfg.norm, _norm_eps(cfg), cfg.n_heads, V, uniform)
+    return _Body.apply(
+        plan, spec, Sc, Tab, Tab2, params["blocks.0.mlp.W_in"], params["blocks.0.mlp.b_in"],
+        params.get("blocks.0.attn_norm.w"), params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
+        params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"), params.get("blocks.0.mlp_norm.b"), Wr,
+    )
 
 
 def fast_logits(model, tokens: Int[Tensor, "batch 3"]) -> Float[Tensor, "batch d_vocab_out"]:
@@ -409,23 +478,10 @@ def fast_logits(model, tokens: Int[Tensor, "batch 3"]) -> Float[Tensor, "batch d
     evaluation. Index work that depends only on `tokens` is cached while the same (unmodified)
     tensor is passed again, e.g. the training set every epoch.
     """
-    cfg = model.cfg
-    reason = fast_unsupported_reason(cfg)
+    reason = fast_unsupported_reason(model.cfg)
     if reason is not None:
         raise GeoError(f"fast path unsupported: {reason}")
-    if tokens.dim() != 2 or tokens.shape[1] != 3:
-        raise GeoError(f"fast path needs tokens of shape [batch, 3], got {tuple(tokens.shape)}")
-    if tokens.shape[0] == 0:
+    if tokens.dim() == 2 and tokens.shape[0] == 0:
         return model(tokens)
-    V, uniform = cfg.d_vocab, cfg.attention == "uniform"
-    plan = _plan(tokens, V, cfg.n_heads, uniform)
-    if not plan.same_eq:
-        raise GeoError("fast path needs the same token at position 2 in every row (the '=' token)")
-    S, Tab, Tab2, Wr = _tables(model, plan.eq)
-    blk = model.blocks[0]
-    mlp = blk.mlp
-    spec = _Spec(cfg.norm, _norm_eps(cfg), cfg.n_heads, V, cfg.d_mlp, uniform)
-    return _Body.apply(
-        plan, spec, S, Tab, Tab2, torch.cat((mlp.W_in, mlp.b_in.unsqueeze(0))),
-        *_norm_params(blk.attn_norm), mlp.W_out, mlp.b_out, *_norm_params(blk.mlp_norm), Wr,
-    )
+    params = {name: p.unsqueeze(0) for name, p in model.named_parameters()}
+    return stacked_fast_logits(model.cfg, params, [tokens])[0]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from geolens.config import make_config
 from geolens.errors import GeoError
-from geolens.fast import fast_flops, fast_logits, fast_unsupported_reason
+from geolens.fast import fast_flops, fast_logits, fast_unsupported_reason, stacked_fast_logits
 from geolens.model import GeoTransformer
 from geolens.tasks import make_dataset
 
@@ -134,6 +134,43 @@ def test_uneven_batches_match(preset):
         _assert_close(_compare(model, tokens, labels))
 
 
+@pytest.mark.parametrize("preset", ["ln", "rms+uniform", "fb", "fb+uniform", "sphere_raw", "none+uniform"])
+def test_stacked_members_equal_their_single_runs(preset):
+    """stacked_fast_logits over 3 members (own weights, own data split): each member's logits and
+    every parameter gradient equal that member's fast_logits run alone and the hooked model's."""
+    cfgs = [_config(preset, "add", seed=s, data_seed=s) for s in (1, 2, 3)]
+    models = [GeoTransformer(c) for c in cfgs]
+    for i, m in enumerate(models):
+        _trained_looking(m, seed=20 + i)
+    data = [make_dataset(c).train for c in cfgs]
+    names = [n for n, _ in models[0].named_parameters()]
+    params = {n: torch.stack([m.get_parameter(n).detach() for m in models]).requires_grad_(True) for n in names}
+    logits = stacked_fast_logits(cfgs[0], params, [x for x, _ in data])
+    probe = torch.randn(logits.shape, generator=torch.Generator().manual_seed(7))
+    loss = sum(F.cross_entropy(logits[i], y) for i, (_, y) in enumerate(data)) + (logits * probe).sum()
+    loss.backward()
+    for i, (m, (x, y)) in enumerate(zip(models, data)):
+        single = _grads(m, fast_logits(m, x), y, probe[i] * len(y))
+        hooked = _grads(m, m(x), y, probe[i] * len(y))
+        assert _rel(logits[i].detach(), m(x).detach()) <= TOL
+        assert _rel(logits[i].detach(), fast_logits(m, x).detach()) <= 1e-6
+        for n in names:
+            if hooked[n] is None:
+                assert params[n].grad is None or not params[n].grad[i].any(), n
+                continue
+            assert _rel(params[n].grad[i], single[n]) <= 1e-6, (i, n)
+            assert _rel(params[n].grad[i], hooked[n]) <= TOL, (i, n)
+
+
+def test_stacked_members_need_one_batch_size():
+    cfg = _config("ln", "add")
+    m = GeoTransformer(cfg)
+    params = {n: p.detach()[None].repeat(2, *[1] * p.dim()) for n, p in m.named_parameters()}
+    x = make_dataset(cfg).train[0]
+    with pytest.raises(GeoError, match="same batch size"):
+        stacked_fast_logits(cfg, params, [x, x[:-1]])
+
+
 def test_no_grad_evaluation_matches():
     cfg = _config("fb", "add")
     model = GeoTransformer(cfg)
@@ -208,17 +245,6 @@ def test_flop_count_is_positive_and_grows_with_the_batch():
     assert sum(fast_flops(cfg, 100, backward=False).values()) < sum(small.values())
 
 
-@pytest.mark.parametrize("preset", ["ln", "rms+uniform", "fb", "none+uniform"])
-def test_dense_mlp_input_variant_matches(preset, monkeypatch):
-    """The MLP input layer as a dense matmul (TABLE_MLP_INPUT = False) is exact too."""
-    import geolens.fast as fast
-
-    monkeypatch.setattr(fast, "TABLE_MLP_INPUT", False)
-    cfg = _config(preset, "add")
-    model = GeoTransformer(cfg)
-    _trained_looking(model, seed=4)
-    tokens, labels = make_dataset(cfg).train
-    _assert_close(_compare(model, tokens, labels))
 
 
 def test_empty_batch():
