@@ -108,9 +108,11 @@ def load_optimizer_tensors(model: GeoTransformer, opt: torch.optim.Optimizer, te
 
 
 def make_optimizer(model: GeoTransformer) -> torch.optim.AdamW:
+    """AdamW with the config's hyperparameters, fused (one kernel for all parameters; deterministic,
+    so a resumed run still equals an uninterrupted one bit for bit)."""
     cfg = model.cfg
     return torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
+        model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, fused=True
     )
 
 
