@@ -3,11 +3,12 @@
     python benchmarks/bench_batched.py                    # presets fb and ln, 1 / 4 / 10 seeds, p = 113
     python benchmarks/bench_batched.py --reps 2 --seeds 1,4 --engines fast
 
-Batched engines: 'fast' (fast_logits per member over the stacked parameters, the default for
-one-layer models) and 'hooked' (the hooked forward vmapped over the members).
+Batched engines: 'fast' (geolens.fast.stacked_fast_logits: the fast path with a leading member
+dimension, the default for one-layer models) and 'hooked' (the hooked forward vmapped over the
+members); every member steps its own torch AdamW, as geolens.batched.train_batched does.
 One seed-epoch = one member's full-batch training step (forward, cross-entropy, backward, AdamW
 step) on its training split (p = 113, frac 0.3: 3,830 examples). The single-run path is the
-geolens fast path (fast_logits + torch.optim.AdamW, one seed), measured in the same process. All
+geolens fast path (fast_logits + train.make_optimizer, one seed), measured in the same process. All
 setups of a preset step in turn (one untimed round, then --reps timed rounds) and the median per
 setup is reported, so machine load hits them alike. Timings on a
 shared machine are noisy: compare the ratios printed in one run.
@@ -22,7 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from geolens.batched import StackedAdamW, StackedForward, member_losses, stack_params
+from geolens.batched import StackedForward, member_losses
 from geolens.config import make_config
 from geolens.fast import fast_logits
 from geolens.model import GeoTransformer
@@ -31,7 +32,7 @@ from geolens.train import make_optimizer
 
 
 def single_step(preset: str):
-    """One full-batch training step of one seed on the fast path (fast_logits + torch.optim.AdamW)."""
+    """One full-batch training step of one seed on the fast path (fast_logits + train.make_optimizer)."""
     cfg = make_config(preset, seed=1, data_seed=1)
     model = GeoTransformer(cfg)
     opt = make_optimizer(model)
@@ -49,20 +50,20 @@ def single_step(preset: str):
 def batched_step(preset: str, engine: str, n_seeds: int):
     """One step of n_seeds members stacked, with the batched engine 'fast' or 'hooked'."""
     cfgs = [make_config(preset, seed=s, data_seed=s, engine=engine) for s in range(1, n_seeds + 1)]
-    model = GeoTransformer(cfgs[0])
-    params = stack_params([model] + [GeoTransformer(c) for c in cfgs[1:]])
-    forward = StackedForward(model)
-    opt = StackedAdamW(cfgs)
+    models = [GeoTransformer(c) for c in cfgs]
+    forward = StackedForward(models)
+    opts = [make_optimizer(m) for m in models]
     data = [make_dataset(c).train for c in cfgs]
     x = [d[0] for d in data]
     y = torch.stack([d[1] for d in data])
 
     def step():
-        losses = member_losses(forward(params, x), y)
-        for p in params.values():
-            p.grad = None
+        losses = member_losses(forward(x), y)
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
         losses.sum().backward()
-        opt.step(params)
+        for opt in opts:
+            opt.step()
 
     return step
 

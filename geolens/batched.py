@@ -1,13 +1,13 @@
 """Batched training: many members (seeds, and configs of one shape) as one stacked model in one process.
 
-Every parameter is stacked over the S members ([S, *shape]). `StackedForward` computes the
-per-member logits: with the fast path (one-layer models, engine auto/fast) it calls fast_logits
-per member on that member's parameter slices, otherwise it vmaps the hooked GeoTransformer
-forward over the members (torch.func.vmap + functional_call); either way the math is a single
-run's. The per-member mean cross-entropies are summed before backward, so each
-member's slice of a stacked gradient is exactly its own gradient. `StackedAdamW` is
-torch.optim.AdamW's update (single-tensor path) written elementwise over the stacked tensors
-with per-member lr / weight decay / betas.
+Each member is its own GeoTransformer with its own torch AdamW (train.make_optimizer, the
+single run's optimizer). Every step `StackedForward` stacks the members' parameters over a
+leading member dimension ([S, *shape]) and computes the per-member logits: with the fast path
+(one-layer models, engine auto/fast) as one stacked computation (geolens.fast.stacked_fast_logits:
+bmm over stacked weights and tables), otherwise by vmapping the hooked GeoTransformer forward over
+the members (torch.func.vmap + functional_call); either way the math is a single run's. The
+per-member mean cross-entropies are summed before backward, so each member's .grad is exactly its
+own gradient.
 
 Each member starts from GeoTransformer(cfg_i)'s initialisation and trains on make_dataset(cfg_i),
 as a single run would, and is written as an ordinary run directory (run.json with its own config,
@@ -33,12 +33,22 @@ from geolens.model import GeoTransformer
 from geolens.progress import EpochProgress, sweep_stats
 from geolens.schedule import parse_schedule
 from geolens.storage import RunDir
+from geolens.fast import stacked_fast_logits
 from geolens.tasks import make_dataset
-from geolens.train import TrainResult, choose_engine, early_stop_due, finish_run, onset_events, run_header, write_checkpoint
+from geolens.train import (
+    TrainResult,
+    choose_engine,
+    early_stop_due,
+    finish_run,
+    make_optimizer,
+    onset_events,
+    optimizer_tensors,
+    run_header,
+    write_checkpoint,
+)
 
 #: config fields members of one batch may differ in; every other field must agree
 MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "beta1", "beta2", "early_stop_after", "preset")
-ADAM_EPS = 1e-8
 ENGINE = "batched"
 
 
@@ -56,50 +66,30 @@ def check_members(cfgs: list[GeoConfig]) -> None:
                 )
 
 
-def stack_params(models: list[GeoTransformer]) -> dict[str, Tensor]:
-    """{name: [S, *shape]} leaf tensors (requires_grad) stacked from each member's parameters."""
-    named = [dict(m.named_parameters()) for m in models]
-    return {n: torch.stack([d[n].detach() for d in named]).requires_grad_(True) for n in named[0]}
-
-
 class StackedForward:
-    """forward(params {name: [S, *shape]}, tokens [S][B, n_ctx]) -> per-member logits [S, B, C].
+    """forward(tokens [S][B, n_ctx]) -> per-member logits [S, B, C] of the member models.
 
-    Engine 'fast' (cfg.engine auto/fast on a model geolens.fast supports): fast_logits per member,
-    through functional_call with that member's parameter slices, so each member's math is exactly a
-    single fast run's; pass the same per-member token tensors every call (fast.py caches their index
-    plans). Engine 'hooked': the hooked forward, vmapped over the members.
+    Each call stacks the members' own parameters ([S, *shape], so backward fills each member's
+    .grad). Engine 'fast' (cfg.engine auto/fast on a model geolens.fast supports):
+    stacked_fast_logits, the fast path with a leading member dimension (pass the same per-member
+    token tensors every call: their index plan is cached). Engine 'hooked': the hooked forward,
+    vmapped over the members.
     """
 
-    def __init__(self, model: GeoTransformer):
-        self.model = model
-        self.engine, self.why = choose_engine(model.cfg)
+    def __init__(self, models: list[GeoTransformer]):
+        self.models = models
+        self.names = [n for n, _ in models[0].named_parameters()]
+        self.engine, self.why = choose_engine(models[0].cfg)
         if self.engine == "hooked":
             self.why += "; members vmapped over the hooked forward"
         else:
-            self.why = "fast path per member over stacked parameters"
-            self.wrapper = _FastWrapper(model)
+            self.why = "fast path with a leading member dimension"
 
-    def __call__(self, params: dict[str, Tensor], tokens: list[Tensor]) -> Tensor:
+    def __call__(self, tokens: list[Tensor]) -> Tensor:
+        params = {n: torch.stack(ts) for n, ts in zip(self.names, zip(*(m.parameters() for m in self.models)))}
         if self.engine == "hooked":
-            return stacked_logits(self.model, params, torch.stack(tokens))
-        return torch.stack([
-            torch.func.functional_call(self.wrapper, {f"model.{n}": t[i] for n, t in params.items()}, (x,))
-            for i, x in enumerate(tokens)
-        ])
-
-
-class _FastWrapper(torch.nn.Module):
-    """Module whose forward is fast_logits of the wrapped model (so functional_call can swap its parameters)."""
-
-    def __init__(self, model: GeoTransformer):
-        super().__init__()
-        self.model = model
-
-    def forward(self, tokens: Tensor) -> Tensor:
-        from geolens.fast import fast_logits
-
-        return fast_logits(self.model, tokens)
+            return stacked_logits(self.models[0], params, torch.stack(tokens))
+        return stacked_fast_logits(self.models[0].cfg, params, tokens)
 
 
 def stacked_logits(model: GeoTransformer, params: dict[str, Tensor], tokens: Tensor) -> Tensor:
@@ -111,51 +101,6 @@ def member_losses(logits: Tensor, labels: Tensor) -> Tensor:
     """Per-member mean cross-entropy [S] of logits [S, B, C] against labels [S, B]."""
     S, B, C = logits.shape
     return F.cross_entropy(logits.reshape(S * B, C), labels.reshape(S * B), reduction="none").view(S, B).mean(1)
-
-
-class StackedAdamW:
-    """torch.optim.AdamW (amsgrad off, eps 1e-8) over stacked tensors, hyperparameters per member.
-
-    Per step t and member i: p *= 1 - lr_i wd_i; m.lerp_(g, 1 - b1_i); v = b2_i v + (1 - b2_i) g^2;
-    p -= lr_i / (1 - b1_i^t) * m / (sqrt(v) / sqrt(1 - b2_i^t) + eps). Scalars are formed in float64
-    (as torch does with Python floats) and applied as [S, 1, ...] tensors. A tensor whose grad is
-    None is skipped and gets no state (as torch does).
-    """
-
-    def __init__(self, cfgs: list[GeoConfig]):
-        col = lambda name: torch.tensor([getattr(c, name) for c in cfgs], dtype=torch.float64)  # noqa: E731
-        self.lr, self.wd, self.b1, self.b2 = col("lr"), col("weight_decay"), col("beta1"), col("beta2")
-        self.t = 0
-        self.state: dict[str, tuple[Tensor, Tensor]] = {}
-
-    @torch.no_grad()
-    def step(self, params: dict[str, Tensor]) -> None:
-        self.t += 1
-        decay = 1 - self.lr * self.wd
-        step_size = self.lr / (1 - self.b1**self.t)
-        bc2_sqrt = (1 - self.b2**self.t).sqrt()
-        for name, p in params.items():
-            g = p.grad
-            if g is None:
-                continue
-            if name not in self.state:
-                self.state[name] = (torch.zeros_like(p), torch.zeros_like(p))
-            m, v = self.state[name]
-            col = lambda x: x.to(p.dtype).view((-1,) + (1,) * (p.dim() - 1))  # noqa: E731
-            p.mul_(col(decay))
-            m.lerp_(g, col(1 - self.b1))
-            v.mul_(col(self.b2)).add_(col(1 - self.b2) * g * g)
-            denom = (v.sqrt() / col(bc2_sqrt)).add_(ADAM_EPS)
-            p.add_(col(-step_size) * m / denom)
-
-    def member_tensors(self, i: int) -> dict[str, Tensor]:
-        """Member i's state under train.optimizer_tensors' keys (opt.<param>.step|exp_avg|exp_avg_sq)."""
-        out = {}
-        for name, (m, v) in self.state.items():
-            out[f"opt.{name}.step"] = torch.tensor(float(self.t))
-            out[f"opt.{name}.exp_avg"] = m[i].clone()
-            out[f"opt.{name}.exp_avg_sq"] = v[i].clone()
-        return out
 
 
 def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = False,
@@ -172,14 +117,12 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
         r.prepare_new(force)
     S, cfg = len(cfgs), cfgs[0]
     models = [GeoTransformer(c) for c in cfgs]
-    template = models[0]
-    params = stack_params(models)
-    opt = StackedAdamW(cfgs)
+    opts = [make_optimizer(m) for m in models]
     data = [make_dataset(c) for c in cfgs]
     train_x, test_x = [d.train[0] for d in data], [d.test[0] for d in data]
     train_y, test_y = torch.stack([d.train[1] for d in data]), torch.stack([d.test[1] for d in data])
     schedule = parse_schedule(cfg.checkpoints)
-    forward = StackedForward(template)
+    forward = StackedForward(models)
     why = f"{S} members stacked; {forward.why}"
     headers = [run_header(c, f"{ENGINE}-{forward.engine}", why, train_y.shape[1], test_y.shape[1]) for c in cfgs]
     timing = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0, "epochs_timed": 0, "members": S}
@@ -193,15 +136,15 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
     with EpochProgress(cfg.epochs, 0, progress, f"{S} x {cfg.preset or cfg.norm} {cfg.task} p={cfg.p}") as bar:
         while True:
             t0 = time.perf_counter()
-            logits = forward(params, train_x)
+            logits = forward(train_x)
             losses = member_losses(logits, train_y)
-            for p in params.values():
-                p.grad = None
+            for opt in opts:
+                opt.zero_grad(set_to_none=True)
             losses.sum().backward()
             t1 = time.perf_counter()
             timing["train_s"] += t1 - t0
             if epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
-                new_rows = _evaluate(forward, params, epoch, losses, logits, train_y, test_x, test_y, t1 - t_start)
+                new_rows = _evaluate(forward, models, epoch, losses, logits, train_y, test_x, test_y, t1 - t_start)
                 t2 = time.perf_counter()
                 timing["eval_s"] += t2 - t1
                 for i in (i for i in range(S) if results[i] is None):
@@ -212,8 +155,8 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
                         done, stop_reason = True, "early_stop"
                     last = manifests[i][-1] if manifests[i] else None
                     if done or schedule.wants(epoch, last, new_rows[i]):
-                        weights = {n: t[i].detach().clone() for n, t in params.items()}
-                        write_checkpoint(runs[i], weights, opt.member_tensors(i), epoch, rows[i], manifests[i],
+                        write_checkpoint(runs[i], models[i].state_dict(), optimizer_tensors(models[i], opts[i]), epoch,
+                                         rows[i], manifests[i],
                                          events, headers[i], timing, cfg.eval_every)
                     if done:
                         ev = finish_run(runs[i], headers[i], rows[i], 0, stop_reason, cfg.eval_every, dict(timing))
@@ -223,7 +166,8 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
                 if all(r is not None for r in results):
                     break
             t3 = time.perf_counter()
-            opt.step(params)
+            for opt in opts:
+                opt.step()
             timing["train_s"] += time.perf_counter() - t3
             timing["epochs_timed"] += 1
             epoch += 1
@@ -231,18 +175,12 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
 
 
 @torch.no_grad()
-def _evaluate(forward, params, epoch, losses, logits, train_y, test_x, test_y, elapsed) -> list[dict]:
+def _evaluate(forward, models, epoch, losses, logits, train_y, test_x, test_y, elapsed) -> list[dict]:
     """One metrics row per member (the single-run columns), from the training forward and a test forward."""
-    test_logits = forward(params, test_x)
+    test_logits = forward(test_x)
     test_losses = member_losses(test_logits, test_y)
-    weight_sq = [0.0] * len(losses)
-    grad_sq = [0.0] * len(losses)
-    for p in params.values():
-        for i, x in enumerate(p.pow(2).flatten(1).sum(1).tolist()):
-            weight_sq[i] += x
-        if p.grad is not None:
-            for i, x in enumerate(p.grad.pow(2).flatten(1).sum(1).tolist()):
-                grad_sq[i] += x
+    weight_sq = [sum(float(p.pow(2).sum()) for p in m.parameters()) for m in models]
+    grad_sq = [sum(float(p.grad.pow(2).sum()) for p in m.parameters() if p.grad is not None) for m in models]
     train_acc = (logits.argmax(-1) == train_y).float().mean(1)
     test_acc = (test_logits.argmax(-1) == test_y).float().mean(1)
     max_logit = torch.maximum(logits.abs().flatten(1).amax(1), test_logits.abs().flatten(1).amax(1))
