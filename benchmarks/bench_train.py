@@ -4,7 +4,9 @@
     python benchmarks/bench_train.py --reps 7   # fewer repetitions (quicker, noisier)
 
 One epoch = one full-batch step on the training split (p = 113, frac 0.3: 3,830 examples):
-forward, cross-entropy, backward, AdamW step (the preset's lr / betas / weight decay). The three
+forward, cross-entropy, backward, AdamW step (the preset's lr / betas / weight decay; the
+straightforward implementation uses torch.optim.AdamW's defaults, the two geolens engines
+geolens.train.make_optimizer, the fused AdamW `geolens train` uses). The three
 engines run interleaved (one step each per round) in this one process on the same data, and the
 median over rounds is reported. Before timing, each engine evaluates the test split once under
 no_grad, as the training loop does at epoch 0. Timings on a shared machine are noisy: compare
@@ -34,6 +36,7 @@ from geolens.config import make_config
 from geolens.fast import fast_flops, fast_logits
 from geolens.model import GeoTransformer
 from geolens.tasks import make_dataset
+from geolens.train import make_optimizer
 
 
 # ---- (a) the straightforward implementation -------------------------------------------------------
@@ -126,8 +129,7 @@ def straightforward_flops(cfg, n: int) -> int:
 
 
 # ---- timing ---------------------------------------------------------------------------------------
-def make_step(forward, params, cfg, x, y):
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+def make_step(forward, opt, x, y):
 
     def step():
         loss = F.cross_entropy(forward(x), y)
@@ -172,9 +174,10 @@ def bench_preset(preset: str, p: int, reps: int) -> dict:
         err_plain = rel(plain(test_x), ref)
         err_fast = rel(fast_logits(fast_model, test_x), ref)
     engines = {
-        "straightforward": make_step(plain, plain.parameters(), cfg, x, y),
-        "hooked": make_step(hooked, hooked.parameters(), cfg, x, y),
-        "fast": make_step(lambda t: fast_logits(fast_model, t), fast_model.parameters(), cfg, x, y),
+        "straightforward": make_step(plain, torch.optim.AdamW(plain.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                                              weight_decay=cfg.weight_decay), x, y),
+        "hooked": make_step(hooked, make_optimizer(hooked), x, y),
+        "fast": make_step(lambda t: fast_logits(fast_model, t), make_optimizer(fast_model), x, y),
     }
     for step in engines.values():
         step()
