@@ -17,7 +17,7 @@ import torch.nn as nn
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from geolens.analysis.fourier import CyclicFrame, diagonal_sums, fourier_basis
+from geolens.analysis.fourier import CyclicFrame, basis_freqs, diagonal_sums, fourier_basis
 
 
 # ---- projections on the cos / sin (w_k s) directions, s the label position ---------------------
@@ -182,55 +182,32 @@ def logit_cos_coeff(block: Float[Tensor, "n n n"], sign: int = 1) -> Float[Tenso
 
 
 # ---- the paper's causal check -------------------------------------------------------------------
-def _class_wave_coefficients(logits: Float[Tensor, "M n"]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Coefficients of each row on the cos f and sin f rows of fourier_basis, f = 1..n//2:
-    (C [M, K], S [M, K], cos_rows [K, n], sin_rows [K, n]); for even n the Nyquist bin has only its
-    cosine (S and sin_rows are 0 there).
-
-    Half the multiply-adds of logits @ F.T: with h = (n - 1) // 2 and the classes c and n - c
-    folded (x+ = x[c] + x[n - c], x- = x[c] - x[n - c], c = 1..h), the cos rows read
-    x[0] F[cos f, 0] + x+ (plus the unpaired middle class of even n) and the sin rows read x- only.
-    """
-    n = logits.shape[-1]
-    h = (n - 1) // 2
-    F = fourier_basis(n, logits.dtype)
-    cos_rows, sin_rows = F[1 : 2 * h : 2], F[2 : 2 * h + 1 : 2]  # [h, n] each
-    head, tail = logits[:, 1 : h + 1], logits[:, n - h :].flip(-1)  # x[c], x[n - c]
-    C = torch.addmm(logits[:, :1] * cos_rows[:, 0], head + tail, cos_rows[:, 1 : h + 1].T)
-    S = (head - tail) @ sin_rows[:, 1 : h + 1].T
-    if n % 2 == 0:
-        C.addcmul_(logits[:, h + 1 : h + 2], cos_rows[:, h + 1])  # the middle class n / 2
-        C = torch.cat([C, logits @ F[-1:].T], 1)
-        S = torch.cat([S, torch.zeros_like(S[:, :1])], 1)
-        cos_rows, sin_rows = torch.cat([cos_rows, F[-1:]]), torch.cat([sin_rows, torch.zeros_like(F[-1:])])
-    return C, S, cos_rows, sin_rows
-
-
 def truncated_logit_accuracies(
     logits: Float[Tensor, "M n"], labels: Int[Tensor, "M"], masks: dict[str, Tensor], k: int = 5
 ) -> dict[str, tuple[float, Int[Tensor, "k"]]]:
     """truncated_logit_accuracy for several subsets of the examples ({name: [M] bool mask}) from
     one transform: {name: (accuracy, kept non-DC bins strongest first)}; NaN for an empty subset.
 
-    Computed on the real orthonormal basis instead of rfft / irfft: the rfft energy of bin f is
-    |X_f|^2 = (n/2) (C_cos^2 + C_sin^2) (n C^2 for the Nyquist bin of even n), and keeping the DC
-    bin and the top-k bins then inverting gives mean(x) + sum over kept f of C_cos cos_f +
-    C_sin sin_f. The DC term is the same for every class, so the argmax is taken without it.
+    Computed on the real orthonormal basis instead of rfft / irfft: with C = logits @ F[1:].T the
+    coefficients on the cos f / sin f rows, the rfft energy of bin f is
+    |X_f|^2 = (n/2) (C_cos f^2 + C_sin f^2) (n C^2 for the Nyquist bin of even n), and keeping the
+    DC bin and the top-k bins then inverting gives mean(x) + C[:, kept] @ F[kept]. The DC term is
+    the same for every class, so the argmax is taken without it.
     """
     n = logits.shape[-1]
-    C, S, cos_rows, sin_rows = _class_wave_coefficients(logits)
-    weight = torch.full((C.shape[1],), n / 2, dtype=C.dtype)
-    if n % 2 == 0:
-        weight[-1] = n
-    power = C.square() + S.square()  # [M, K]
+    waves = fourier_basis(n, logits.dtype)[1:]  # [n - 1, n]: cos 1, sin 1, ..., (cos n/2)
+    bin_of = basis_freqs(n)[1:] - 1  # [n - 1]: bin (frequency - 1) of each wave
+    weight = torch.where(2 * (bin_of + 1) == n, n, n / 2).to(logits.dtype)
+    coef = logits @ waves.T  # [M, n - 1]
+    power = coef.square()
     out = {}
     for name, mask in masks.items():
-        energy = (mask.to(power.dtype) @ power) * weight
-        idx = energy.topk(min(k, energy.numel())).indices  # bins idx + 1
-        coef = torch.cat([C[:, idx], S[:, idx]], 1)[mask]
-        trunc = coef @ torch.cat([cos_rows[idx], sin_rows[idx]])
+        energy = torch.zeros(n // 2, dtype=power.dtype).index_add_(0, bin_of, (mask.to(power.dtype) @ power) * weight)
+        bins = energy.topk(min(k, energy.numel())).indices
+        cols = torch.isin(bin_of, bins)
+        trunc = coef[:, cols][mask] @ waves[cols]
         acc = float((trunc.argmax(-1) == labels[mask]).float().mean()) if mask.any() else float("nan")
-        out[name] = (acc, idx + 1)
+        out[name] = (acc, bins + 1)
     return out
 
 
