@@ -159,8 +159,9 @@ class AnalysisContext:
         return keyfreq.keyfreq_wl_fft(self.W_L_group, self.n_keys)
 
     @functools.cached_property
-    def key_projections(self) -> list[Tensor]:
-        """progress.key_projections of logits_block on each key frequency: [n^2, n] each."""
+    def key_projections(self) -> progress.KeyProjections:
+        """progress.key_projections of logits_block on the key frequencies (class means and the
+        per-key projections [m, n, n] by label position and class)."""
         return progress.key_projections(self.logits_block, self.frame, self.key_freqs)
 
     # -- clock / pizza pieces shared by the diagnostics and the verdict --

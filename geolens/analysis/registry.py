@@ -127,13 +127,10 @@ def m_logit_cos_coeff(ctx: AnalysisContext) -> dict[str, float]:
 def m_truncated_logit_acc(ctx: AnalysisContext) -> dict[str, float]:
     frame = ctx.frame
     rows = frame.grid_rows.flatten()
-    block = ctx.logits_block.reshape(frame.n * frame.n, frame.n)
-    target = frame.label_pos.flatten()
-    out = {}
-    for name, key in (("test", "truncated_logit_acc"), ("train", "truncated_logit_acc_train")):
-        m = ctx.split_masks[name][rows]
-        out[key] = progress.truncated_logit_accuracy(block[m], target[m], ctx.n_keys)[0]
-    return out
+    masks = {name: ctx.split_masks[name][rows] for name in ("test", "train")}
+    res = progress.truncated_logit_accuracies(ctx.logits_block.reshape(frame.n * frame.n, frame.n),
+                                              frame.label_pos.flatten(), masks, ctx.n_keys)
+    return {"truncated_logit_acc": res["test"][0], "truncated_logit_acc_train": res["train"][0]}
 
 
 def m_grad_symmetricity(ctx: AnalysisContext) -> dict[str, float]:
