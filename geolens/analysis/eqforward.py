@@ -117,11 +117,11 @@ def eq_forward_tables(model, cfg: GeoConfig, tokens: Int[Tensor, "N 3"]) -> EqAc
             rows = (last[:, None] * P + torch.arange(P)) * V + tokens  # [N, P] into (u, j, w)
             pattern = qk.reshape(-1, H)[rows].softmax(dim=1).transpose(1, 2)  # [N, H, P]
         v_flat = v.flatten(0, 1)  # [V * P, H, d_head]
-        z = pattern[:, :, 0, None] * v_flat[tokens[:, 0] * P]
+        z = pattern[:, :, 0, None] * v_flat.index_select(0, tokens[:, 0] * P)
         for j in range(1, P):
-            z.addcmul_(pattern[:, :, j, None], v_flat[tokens[:, j] * P + j])
+            z.addcmul_(pattern[:, :, j, None], v_flat.index_select(0, tokens[:, j] * P + j))
         attn_out = z.flatten(1) @ attn.W_O.flatten(0, 1)  # [N, D]
-        resid_pre = R[last, -1]
+        resid_pre = R[:, -1].index_select(0, last)
         hooks = [f"blocks.0.{n}_norm.hook_scale" for n in ("attn", "mlp")]
         with model.hooks(fwd_hooks=[(name, save) for name in hooks if name in model.hook_dict]):
             resid_mid = blk.attn_norm(resid_pre + attn_out)
@@ -130,7 +130,7 @@ def eq_forward_tables(model, cfg: GeoConfig, tokens: Int[Tensor, "N 3"]) -> EqAc
             resid_post = blk.mlp_norm(resid_mid + mlp_out)
             logits = model.unembed(resid_post)
     values = {
-        "hook_embed": model.embed.W_E.detach()[last],
+        "hook_embed": model.embed.W_E.detach().index_select(0, last),
         "hook_pos_embed": model.pos_embed.W_pos.detach()[P - 1].expand(N, -1),
         "blocks.0.hook_resid_pre": resid_pre,
         "blocks.0.attn.hook_pattern": pattern,
