@@ -28,9 +28,14 @@ Backward: dense matmuls for the readout and the MLP (dL/dpre, dL/dW_out, dL/dh).
 sum_e N2(x_e) (x) dL/dpre_e comes from the table rows instead of a [Dm, B] x [B, D] matmul:
 sum_e s(x_e) x_e (x) dL/dpre_e = Tab^T Q, Q [n_tab, Dm] the transposed MLP-input bag (per table
 row, the bag-weighted sum of dL/dpre over the examples reading it), then N2's gain, centring and
-offset. dL/dx goes back onto the table rows and the attention weights by grouping the (example,
-key) pairs per token row into equal-size chunks (two small bmm's and one index_add; uniform
-attention: a transposed bag). Autograd carries the table
+offset. Learned attention: dL/dx = N2's backward of dL/dy + dL/dpre @ W_in^T (dense) goes back onto
+the table rows and the attention weights by grouping the (example, key) pairs per token row into
+equal-size chunks (two small bmm's and one index_add). Uniform attention needs no dL/dp, so the
+[B, Dm] x [Dm, D] matmul is skipped: dL/dx = A + s(x) * dL/dpre @ Wt^T, A = N2's backward of
+dL/dy minus s(x) c n (n N2's normalised input, c = <dL/dpre, pre - k> / D for LayerNorm/RMSNorm,
+<dL/dpre, pre - k> for the sphere, the dots <Tab2 row, dL/dpre> coming from the MLP-input bag's
+per-sample-weight gradient), so dL/dTab = bag^T(A) + Q @ Wt^T, and N2's gain and offset get
+sum_j W_in[d, j] (Tab^T Q)[d, j] and W_in @ dL/db_in on top. Autograd carries the table
 gradients on to W_E, W_pos, N1, W_Q, W_K, W_V, W_O. Causal and non-causal models share this path
 (the mask never touches the `=` query); in uniform mode W_Q and W_K stay out of the graph (grad
 None), as in the hooked model. The hooked GeoTransformer stays the source of truth:
@@ -81,20 +86,21 @@ def fast_flops(cfg: GeoConfig, n_examples: int, backward: bool = True) -> dict[s
     """FLOPs (2 x multiply-adds) of the matmul-like work of one member's fast forward (+ backward).
 
     'dense': per-example matmuls: forward relu(pre) @ W_out and h3 @ Wr; backward two per forward
-    matmul plus dL/dpre @ W_in^T. 'bags': the embedding bags (forward: rows of d_model into x, rows
-    of d_mlp into pre; backward: the transposed bags into Q and dL/dTab, and dL/dp = <key row, dL/dx>).
-    'tables': per-token table matmuls (x3 for those with gradients when backward) and Tab^T Q.
+    matmul plus (learned attention only) dL/dpre @ W_in^T. 'bags': the embedding bags (forward: rows
+    of d_model into x, rows of d_mlp into pre; backward: the transposed bags into Q and dL/dTab, and
+    dL/dp = <key row, dL/dx>; uniform: <Tab2 row, dL/dpre> per slot). 'tables': per-token table
+    matmuls (x3 for those with gradients when backward), Tab^T Q and (uniform) Q @ Wt^T.
     Elementwise work is not counted.
     """
     B, D, Dm, C, H, dh = n_examples, cfg.d_model, cfg.d_mlp, cfg.d_vocab_out, cfg.n_heads, cfg.d_head
     R = 2 * cfg.d_vocab + 1
     uniform = cfg.attention == "uniform"
     mult = 3 if backward else 1
-    dense = 2 * B * (Dm * D + D * C) * mult + (2 * B * D * Dm if backward else 0)
+    dense = 2 * B * (Dm * D + D * C) * mult + (2 * B * D * Dm if backward and not uniform else 0)
     slots = 3 if uniform else 2 * H + 1
     bags = 2 * B * slots * D + 2 * B * (slots + 1) * Dm
     if backward:
-        bags += 2 * B * slots * (Dm + D) + (0 if uniform else 2 * B * 2 * H * D)
+        bags += 2 * B * slots * (Dm + D) + (2 * B * slots * Dm if uniform else 2 * B * 2 * H * D)
     n_tab = R if uniform else (R - 1) * H + 1
     if uniform:
         grad_tables = R * D * D + H * dh * D * D
@@ -102,7 +108,7 @@ def fast_flops(cfg: GeoConfig, n_examples: int, backward: bool = True) -> dict[s
     else:
         grad_tables = R * D * H * dh + R * H * dh * D + R * D * H + 2 * D * H * dh
         mlp_table = H * dh * D * Dm + R * H * dh * Dm
-    tables = 2 * (mult * grad_tables + mlp_table + D * Dm) + (2 * n_tab * D * Dm if backward else 0)
+    tables = 2 * (mult * grad_tables + mlp_table + D * Dm) + (2 * n_tab * D * Dm * (2 if uniform else 1) if backward else 0)
     return {"dense": dense, "bags": bags, "tables": tables}
 
 
@@ -221,6 +227,7 @@ class _Plan:
             self._chunks = None
         n = local.shape[-1]
         self.idx = (local + (members * self.n_tab)[..., None]).view(M * B, n)
+        self._slot_bags = None
         k_rows = (M * self.n_tab + members).expand(M, B)[..., None]
         self.idx2 = torch.cat((self.idx.view(M, B, n), k_rows), -1).view(M * B, n + 1)
         flat = self.idx.view(-1)
@@ -229,6 +236,14 @@ class _Plan:
         self.t_w2 = self.t_src * (n + 1) + order % n
         counts = torch.bincount(flat, minlength=M * self.n_tab)
         self.t_offsets = torch.cumsum(counts, 0) - counts
+
+    def slot_bags(self):
+        """(offsets, bag of each entry) of idx as a flat bag (for the per-sample-weight gradient)."""
+        if self._slot_bags is None:
+            n = self.idx.shape[1]
+            bags = torch.arange(self.M * self.B, device=self.idx.device)
+            self._slot_bags = (bags * n, bags.repeat_interleave(n))
+        return self._slot_bags
 
     def chunks(self):
         """(members [n_chunks*c] entry ids (padding 2MB), ex [n_chunks*c] example ids (padding 0),
@@ -295,7 +310,7 @@ class _Body(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, plan, spec, Sc, Tab, Tab2, W_in, b_in, w2, b2, W_out, b_out, w3, b3, Wr):
+    def forward(ctx, plan, spec, Sc, Tab, Tab2, W_in, b_in, w2, b2, W_out, b_out, w3, b3, Wr, Wt):
         M, B, H, V = plan.M, plan.B, spec.n_heads, spec.d_vocab
         D, Dm = Tab.shape[-1], Tab2.shape[-1]
         MB = M * B
@@ -328,14 +343,14 @@ class _Body(torch.autograd.Function):
         h3, _, st3 = _norm_fwd(spec.norm, y, w3, b3, spec.eps)
         logits = torch.bmm(h3, Wr)
         ctx.plan, ctx.spec = plan, spec
-        ctx.st2, ctx.st3 = st2, st3
-        ctx.save_for_backward(Tab, p, w_pre, post, h3, W_in, W_out, w2, b2, w3, b3, Wr)
+        ctx.st2, ctx.st3, ctx.a2 = st2, st3, a
+        ctx.save_for_backward(Tab, Tab2, Wt, p, w_pre, post, h3, W_in, W_out, w2, b2, w3, b3, Wr)
         return logits
 
     @staticmethod
     def backward(ctx, g_logits):
         plan, spec = ctx.plan, ctx.spec
-        Tab, p, w_pre, post, h3, W_in, W_out, w2, b2, w3, b3, Wr = ctx.saved_tensors
+        Tab, Tab2, Wt, p, w_pre, post, h3, W_in, W_out, w2, b2, w3, b3, Wr = ctx.saved_tensors
         need = ctx.needs_input_grad
         M, B, H, V = plan.M, plan.B, spec.n_heads, spec.d_vocab
         D, Dm, n_tab = Tab.shape[-1], post.shape[-1], plan.n_tab
@@ -354,22 +369,47 @@ class _Body(torch.autograd.Function):
         Q = F.embedding_bag(plan.t_src, g_pre.view(MB, Dm), plan.t_offsets, mode="sum",
                             per_sample_weights=None if w_pre is None else w_pre.view(-1)[plan.t_w2]).view(M, n_tab, Dm)
         if spec.norm == "layernorm":  # N2(x) = rstd * (x - mean) * w2 + b2: centre the rows
-            g_W_in = torch.bmm((Tab - Tab.mean(-1, keepdim=True)).transpose(1, 2), Q)
-            g_W_in = torch.addcmul(b2[:, :, None] * g_b_in[:, None], w2[:, :, None], g_W_in)
+            g_W_in_n = torch.bmm((Tab - Tab.mean(-1, keepdim=True)).transpose(1, 2), Q)  # sum_e n_e (x) g_pre_e
+            g_W_in = torch.addcmul(b2[:, :, None] * g_b_in[:, None], w2[:, :, None], g_W_in_n)
         else:
-            g_W_in = torch.bmm(Tab.transpose(1, 2), Q)
-            if w2 is not None:
-                g_W_in.mul_(w2[:, :, None])
-        del Q
-        g_h = torch.baddbmm(g_y, g_pre, W_in.transpose(1, 2))
-        del g_pre
-        g_x, g_w2, g_b2 = _norm_bwd(spec.norm, g_h, ctx.st2, w2, b2, need[7], need[8])
-        g_x = g_x.reshape(MB, D)
-        # x = sum of the bag's weighted Tab rows
+            g_W_in_n = torch.bmm(Tab.transpose(1, 2), Q)
+            g_W_in = g_W_in_n if w2 is None else g_W_in_n * w2[:, :, None]
         g_Sc = None
         if spec.uniform:
-            g_Tab = F.embedding_bag(plan.t_src, g_x, plan.t_offsets, mode="sum").view(M, n_tab, D)
+            # no dL/dp needed, so dL/dx = A + a * g_pre @ Wt^T never forms its second part per example:
+            # A = N2's backward of g_y, plus N2's own term along its normalised input n, of size
+            # <g_pre, pre - k> = a <g_pre, x @ Wt> (sphere: a dot; LayerNorm/RMSNorm: a mean), and the
+            # table rows get bag^T(A) + Q @ Wt^T
+            A, g_w2, g_b2 = _norm_bwd(spec.norm, g_y, ctx.st2, w2, b2, need[7], need[8])
+            a2 = ctx.a2
+            if a2 is not None:
+                # <Tab2[r], g_pre_e> per slot: the MLP-input bag's per-sample-weight gradient
+                n = plan.idx.shape[1]
+                dots = torch.ops.aten._embedding_bag_per_sample_weights_backward(
+                    g_pre.view(MB, Dm), Tab2, plan.idx.view(-1), *plan.slot_bags(), 0, -1).view(MB, n)
+                dpk = torch.linalg.vecdot(w_pre[:, :n], dots).view(M, B, 1)
+                if spec.norm == "sphere":
+                    nvec, unclamped = ctx.st2[0], ctx.st2[2]
+                    coef = dpk.mul_(a2).mul_(unclamped)
+                elif spec.norm == "layernorm":
+                    x_, mean, rstd = ctx.st2
+                    nvec, coef = (x_ - mean).mul_(rstd), dpk.mul_(a2).mul_(1.0 / D)
+                else:
+                    nvec, coef = ctx.st2[0], dpk.mul_(a2).mul_(1.0 / D)
+                A = A.addcmul_(nvec, coef, value=-1.0)
+            if g_w2 is not None:  # N2's gain also sees g_pre @ W_in^T: sum_e (g_pre_e @ W_in^T) * n_e
+                g_w2 = g_w2 + (g_W_in_n * W_in).sum(-1)
+            if g_b2 is not None:
+                g_b2 = g_b2 + torch.bmm(W_in, g_b_in[:, :, None])[..., 0]
+            g_Tab = F.embedding_bag(plan.t_src, A.reshape(MB, D), plan.t_offsets, mode="sum").view(M, n_tab, D)
+            g_Tab = torch.baddbmm(g_Tab, Q, Wt.transpose(1, 2))
         else:
+            del Q
+            g_h = torch.baddbmm(g_y, g_pre, W_in.transpose(1, 2))
+            del g_pre
+            g_x, g_w2, g_b2 = _norm_bwd(spec.norm, g_h, ctx.st2, w2, b2, need[7], need[8])
+            g_x = g_x.reshape(MB, D)
+            # x = sum of the bag's weighted Tab rows, grouped per token row
             members, ex, chunk_row, slot, shape = plan.chunks()
             G = g_x.index_select(0, ex).view(*shape, D)  # [n_chunks, c, D] rows of g_x per token row
             pw = torch.cat((p[:, 0], p[:, 1], p.new_zeros(1, H))).index_select(0, members).view(*shape, H)
@@ -390,7 +430,7 @@ class _Body(torch.autograd.Function):
                 g_Sc = torch.zeros((M, 2 * V + 1, H), dtype=dot.dtype, device=dot.device)
                 g_Sc.view(-1, H).index_add_(0, plan.sc_rows, torch.cat((p0 * (g_p0 - dot), p1 * (g_p1 - dot))))
                 g_Sc[:, 2 * V] = (p2 * dot).view(M, B, H).sum(1).neg_()
-        return (None, None, g_Sc, g_Tab, None, g_W_in, g_b_in, g_w2, g_b2, g_W_out, g_b_out, g_w3, g_b3, g_Wr)
+        return (None, None, g_Sc, g_Tab, None, g_W_in, g_b_in, g_w2, g_b2, g_W_out, g_b_out, g_w3, g_b3, g_Wr, None)
 
 
 # ---- tables and the entry points --------------------------------------------------------------
@@ -432,7 +472,7 @@ def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int):
         Tab2[M * n_tab :] = b_in if b2 is None else torch.baddbmm(b_in[:, None], b2[:, None], W_in)[:, 0]
     W_U = P["unembed.W_U"]
     Wr = cfg.tau * W_U / W_U.norm(dim=1, keepdim=True).clamp_min(1e-12) if cfg.unembed == "bounded" else W_U
-    return Sc, Tab, Tab2, Wr
+    return Sc, Tab, Tab2, Wr, Wt
 
 
 def stacked_fast_logits(cfg: GeoConfig, params: dict[str, Tensor],
@@ -460,12 +500,12 @@ def stacked_fast_logits(cfg: GeoConfig, params: dict[str, Tensor],
     plan = _plan(tokens, V, cfg.n_heads, uniform)
     if not plan.same_eq:
         raise GeoError("fast path needs the same token at position 2 in every row (the '=' token)")
-    Sc, Tab, Tab2, Wr = _tables(cfg, params, plan.eq)
+    Sc, Tab, Tab2, Wr, Wt = _tables(cfg, params, plan.eq)
     spec = _Spec(cfg.norm, _norm_eps(cfg), cfg.n_heads, V, uniform)
     return _Body.apply(
         plan, spec, Sc, Tab, Tab2, params["blocks.0.mlp.W_in"], params["blocks.0.mlp.b_in"],
         params.get("blocks.0.attn_norm.w"), params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
-        params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"), params.get("blocks.0.mlp_norm.b"), Wr,
+        params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"), params.get("blocks.0.mlp_norm.b"), Wr, Wt,
     )
 
 
