@@ -29,11 +29,11 @@ from torch import Tensor
 
 from geolens.config import GeoConfig
 from geolens.errors import GeoError
+from geolens.fast import stacked_fast_logits
 from geolens.model import GeoTransformer
 from geolens.progress import EpochProgress, sweep_stats
 from geolens.schedule import parse_schedule
 from geolens.storage import RunDir
-from geolens.fast import stacked_fast_logits
 from geolens.tasks import make_dataset
 from geolens.train import (
     TrainResult,
