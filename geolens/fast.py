@@ -68,7 +68,7 @@ from torch import Tensor
 from geolens.config import ATTENTIONS, NORMS, UNEMBEDS, GeoConfig
 from geolens.errors import GeoError
 
-__all__ = ["fast_unsupported_reason", "fast_logits", "stacked_fast_logits", "fast_flops"]
+__all__ = ["fast_unsupported_reason", "fast_logits", "stacked_fast_logits", "fast_eq_forward", "fast_flops"]
 
 
 def fast_unsupported_reason(cfg: GeoConfig) -> str | None:
@@ -296,6 +296,68 @@ def _plan(tokens: list[Tensor], V: int, H: int, uniform: bool) -> _Plan:
 
 
 # ---- the per-example part ---------------------------------------------------------------------
+@dataclass
+class _Forward:
+    """Per-example values of the fast forward (M members x B examples; shapes in _forward_body)."""
+
+    p: Tensor | None
+    x: Tensor
+    h: Tensor
+    a2: Tensor | None
+    st2: tuple
+    w_pre: Tensor | None
+    post: Tensor
+    mlp_out: Tensor | None
+    h3: Tensor
+    a3: Tensor | None
+    st3: tuple
+    logits: Tensor
+
+
+def _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr, keep_mlp_out=False) -> _Forward:
+    """The per-example forward (module docstring; inputs as in _Body) from the tables.
+
+    Returns p [MB, 3, H] the `=` query's softmax over (a, b, =) (None if uniform), x [M, B, D] the
+    residual at `=` after attention (before N2), h = N2(x), a2 N2's row scale [M, B, 1] (None for
+    norm 'none') and st2 its saved state, w_pre the MLP-input bag weights, post [M, B, Dm] =
+    relu(pre), mlp_out [M, B, D] (only with keep_mlp_out), h3 = N3(h + mlp_out), a3 and st3 (N3's
+    row scale and state), logits [M, B, C].
+    """
+    M, B, H, V = plan.M, plan.B, spec.n_heads, spec.d_vocab
+    D, Dm = Tab.shape[-1], Tab2.shape[-1]
+    MB = M * B
+    p = wx = None
+    if not spec.uniform:
+        # softmax of the `=` query over its keys (a, b, =), per head: p [MB, 3, H]
+        s = torch.empty(MB, 3, H, dtype=Tab.dtype, device=Tab.device)
+        s[:, :2] = Sc.reshape(-1, H).index_select(0, plan.sc_rows).view(2, MB, H).transpose(0, 1)
+        s[:, 2] = Sc[:, 2 * V, None].expand(M, B, H).reshape(MB, H)
+        p = (s - s.amax(1, keepdim=True)).exp_()
+        p /= p.sum(1, keepdim=True)
+        wx = torch.ones(MB, 2 * H + 1, dtype=p.dtype, device=p.device)  # x bag weights [p0 | p1 | 1]
+        wx[:, : 2 * H] = p[:, :2].reshape(MB, 2 * H)
+    x = F.embedding_bag(plan.idx, Tab.view(-1, D), per_sample_weights=wx, mode="sum").view(M, B, D)
+    h, a, st2 = _norm_fwd(spec.norm, x, w2, b2, spec.eps)
+    # N2(x) @ W_in + b_in = a * (x @ Wt) + k: the x bag over Tab2 = Tab @ Wt with weights * a, plus k
+    n = plan.idx.shape[1]
+    w_pre = None
+    if a is not None or wx is not None:
+        w_pre = torch.ones(MB, n + 1, dtype=x.dtype, device=x.device)
+        if wx is None:
+            w_pre[:, :n] = a.view(MB, 1)
+        elif a is None:
+            w_pre[:, :n] = wx
+        else:
+            torch.mul(wx, a.view(MB, 1), out=w_pre[:, :n])
+    pre = F.embedding_bag(plan.idx2, Tab2, per_sample_weights=w_pre, mode="sum").view(M, B, Dm)
+    post = pre.relu_()
+    mlp_out = torch.baddbmm(b_out[:, None], post, W_out)
+    y = mlp_out + h if keep_mlp_out else mlp_out.add_(h)
+    h3, a3, st3 = _norm_fwd(spec.norm, y, w3, b3, spec.eps)
+    logits = torch.bmm(h3, Wr)
+    return _Forward(p, x, h, a, st2, w_pre, post, mlp_out if keep_mlp_out else None, h3, a3, st3, logits)
+
+
 class _Body(torch.autograd.Function):
     """Per-example part of the fast forward (see the module docstring), M members at once.
 
@@ -311,41 +373,11 @@ class _Body(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, plan, spec, Sc, Tab, Tab2, W_in, b_in, w2, b2, W_out, b_out, w3, b3, Wr, Wt):
-        M, B, H, V = plan.M, plan.B, spec.n_heads, spec.d_vocab
-        D, Dm = Tab.shape[-1], Tab2.shape[-1]
-        MB = M * B
-        p = wx = None
-        if not spec.uniform:
-            # softmax of the `=` query over its keys (a, b, =), per head: p [MB, 3, H]
-            s = torch.empty(MB, 3, H, dtype=Tab.dtype, device=Tab.device)
-            s[:, :2] = Sc.reshape(-1, H).index_select(0, plan.sc_rows).view(2, MB, H).transpose(0, 1)
-            s[:, 2] = Sc[:, 2 * V, None].expand(M, B, H).reshape(MB, H)
-            p = (s - s.amax(1, keepdim=True)).exp_()
-            p /= p.sum(1, keepdim=True)
-            wx = torch.ones(MB, 2 * H + 1, dtype=p.dtype, device=p.device)  # x bag weights [p0 | p1 | 1]
-            wx[:, : 2 * H] = p[:, :2].reshape(MB, 2 * H)
-        x = F.embedding_bag(plan.idx, Tab.view(-1, D), per_sample_weights=wx, mode="sum").view(M, B, D)
-        h, a, st2 = _norm_fwd(spec.norm, x, w2, b2, spec.eps)
-        # N2(x) @ W_in + b_in = a * (x @ Wt) + k: the x bag over Tab2 = Tab @ Wt with weights * a, plus k
-        n = plan.idx.shape[1]
-        w_pre = None
-        if a is not None or wx is not None:
-            w_pre = torch.ones(MB, n + 1, dtype=x.dtype, device=x.device)
-            if wx is None:
-                w_pre[:, :n] = a.view(MB, 1)
-            elif a is None:
-                w_pre[:, :n] = wx
-            else:
-                torch.mul(wx, a.view(MB, 1), out=w_pre[:, :n])
-        pre = F.embedding_bag(plan.idx2, Tab2, per_sample_weights=w_pre, mode="sum").view(M, B, Dm)
-        post = pre.relu_()
-        y = torch.baddbmm(b_out[:, None], post, W_out).add_(h)
-        h3, _, st3 = _norm_fwd(spec.norm, y, w3, b3, spec.eps)
-        logits = torch.bmm(h3, Wr)
+        f = _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr)
         ctx.plan, ctx.spec = plan, spec
-        ctx.st2, ctx.st3, ctx.a2 = st2, st3, a
-        ctx.save_for_backward(Tab, Tab2, Wt, p, w_pre, post, h3, W_in, W_out, w2, b2, w3, b3, Wr)
-        return logits
+        ctx.st2, ctx.st3, ctx.a2 = f.st2, f.st3, f.a2
+        ctx.save_for_backward(Tab, Tab2, Wt, f.p, f.w_pre, f.post, f.h3, W_in, W_out, w2, b2, w3, b3, Wr)
+        return f.logits
 
     @staticmethod
     def backward(ctx, g_logits):
@@ -475,6 +507,27 @@ def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int):
     return Sc, Tab, Tab2, Wr, Wt
 
 
+def _check(cfg: GeoConfig, tokens: list[Tensor]) -> None:
+    """A GeoError unless the fast path computes this config on these [B, 3] token tensors."""
+    reason = fast_unsupported_reason(cfg)
+    if reason is not None:
+        raise GeoError(f"fast path unsupported: {reason}")
+    if any(t.dim() != 2 or t.shape[1] != 3 for t in tokens):
+        raise GeoError(f"fast path needs tokens of shape [batch, 3], got {[tuple(t.shape) for t in tokens]}")
+    if len({t.shape[0] for t in tokens}) != 1:
+        raise GeoError(f"stacked fast path needs the same batch size for every member, got {[len(t) for t in tokens]}")
+
+
+def _prepare(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[Tensor]):
+    """(plan, spec, tables) for stacked parameters and the members' (checked, non-empty) tokens."""
+    V, uniform = cfg.d_vocab, cfg.attention == "uniform"
+    plan = _plan(tokens, V, cfg.n_heads, uniform)
+    if not plan.same_eq:
+        raise GeoError("fast path needs the same token at position 2 in every row (the '=' token)")
+    spec = _Spec(cfg.norm, _norm_eps(cfg), cfg.n_heads, V, uniform)
+    return plan, spec, _tables(cfg, params, plan.eq)
+
+
 def stacked_fast_logits(cfg: GeoConfig, params: dict[str, Tensor],
                         tokens: list[Int[Tensor, "batch 3"]]) -> Float[Tensor, "M batch d_vocab_out"]:
     """Logits [M, B, d_vocab_out] of M one-layer GeoTransformers of config `cfg` (up to the member
@@ -485,28 +538,42 @@ def stacked_fast_logits(cfg: GeoConfig, params: dict[str, Tensor],
     gradients flow to `params`. Every row must carry the same `=` token at position 2. Index work
     that depends only on the tokens is cached while the same (unmodified) tensors are passed again.
     """
-    reason = fast_unsupported_reason(cfg)
-    if reason is not None:
-        raise GeoError(f"fast path unsupported: {reason}")
-    if any(t.dim() != 2 or t.shape[1] != 3 for t in tokens):
-        raise GeoError(f"fast path needs tokens of shape [batch, 3], got {[tuple(t.shape) for t in tokens]}")
-    if len({t.shape[0] for t in tokens}) != 1:
-        raise GeoError(f"stacked fast path needs the same batch size for every member, got {[len(t) for t in tokens]}")
-    M, B = len(tokens), tokens[0].shape[0]
-    W_U = params["unembed.W_U"]
-    if B == 0:
-        return W_U.new_zeros(M, 0, cfg.d_vocab_out)
-    V, uniform = cfg.d_vocab, cfg.attention == "uniform"
-    plan = _plan(tokens, V, cfg.n_heads, uniform)
-    if not plan.same_eq:
-        raise GeoError("fast path needs the same token at position 2 in every row (the '=' token)")
-    Sc, Tab, Tab2, Wr, Wt = _tables(cfg, params, plan.eq)
-    spec = _Spec(cfg.norm, _norm_eps(cfg), cfg.n_heads, V, uniform)
+    _check(cfg, tokens)
+    if tokens[0].shape[0] == 0:
+        return params["unembed.W_U"].new_zeros(len(tokens), 0, cfg.d_vocab_out)
+    plan, spec, (Sc, Tab, Tab2, Wr, Wt) = _prepare(cfg, params, tokens)
     return _Body.apply(
         plan, spec, Sc, Tab, Tab2, params["blocks.0.mlp.W_in"], params["blocks.0.mlp.b_in"],
         params.get("blocks.0.attn_norm.w"), params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
         params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"), params.get("blocks.0.mlp_norm.b"), Wr, Wt,
     )
+
+
+def fast_eq_forward(model, tokens: Int[Tensor, "N 3"]) -> dict[str, Tensor]:
+    """No-grad values at `=` of a one-layer GeoTransformer on tokens [N, 3] (N >= 1), for analysis.
+
+    'x' [N, D] the residual after attention (resid_pre + attn_out, before attn_norm),
+    'resid_mid' [N, D], 'mlp_post' [N, d_mlp], 'mlp_out' [N, D], 'resid_post' [N, D], 'logits'
+    [N, C]; learned attention: 'p' [N, 3, H] the `=` query's attention onto (a, b, =); norms
+    other than 'none': 'attn_scale', 'mlp_scale' [N, 1], the norms' hook_scale values
+    (sqrt(var + eps), sqrt(mean(x^2) + eps) or max(||x||, eps)). Equal to the hooked forward's
+    values up to float32 summation order (and ReLU units within rounding of 0).
+    """
+    _check(model.cfg, [tokens])
+    params = {name: p.detach().unsqueeze(0) for name, p in model.named_parameters()}
+    with torch.no_grad():
+        plan, spec, (Sc, Tab, Tab2, Wr, Wt) = _prepare(model.cfg, params, [tokens])
+        f = _forward_body(plan, spec, Sc, Tab, Tab2, params.get("blocks.0.attn_norm.w"),
+                          params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
+                          params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"),
+                          params.get("blocks.0.mlp_norm.b"), Wr, keep_mlp_out=True)
+    out = {"x": f.x[0], "resid_mid": f.h[0], "mlp_post": f.post[0], "mlp_out": f.mlp_out[0], "resid_post": f.h3[0],
+           "logits": f.logits[0]}
+    if f.p is not None:
+        out["p"] = f.p
+    if f.a2 is not None:
+        out["attn_scale"], out["mlp_scale"] = f.a2[0].reciprocal(), f.a3[0].reciprocal()
+    return out
 
 
 def fast_logits(model, tokens: Int[Tensor, "batch 3"]) -> Float[Tensor, "batch d_vocab_out"]:

@@ -16,15 +16,14 @@ Two routes give the same values up to float32 summation order
 - eq_from_cache: read them off any ActivationCache of the hooked model (the reference route;
   used for models the table route does not cover);
 - eq_forward_tables, for one-layer [a, b, =] models (geolens.fast.fast_unsupported_reason(cfg)
-  is None): the residual stream before attention depends only on (token, position), so q, k, v
-  come from a [d_vocab, n_ctx] table, the `=` query's scores are gathered from a
-  (query token, key position, key token) table, and only the mixing, W_O, the norms, the MLP and
-  the readout run per input, at `=` only: about a third of a full forward.
+  is None): the residual stream before attention depends only on (token, position), so the
+  training fast path's per-token tables give the `=` query's attention and, through embedding
+  bags, the residual after attention and the MLP pre-activations; only the MLP output and the
+  readout are per-input matmuls (geolens.fast.fast_eq_forward).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.config import GeoConfig
+from geolens.fast import fast_eq_forward
 
 
 @dataclass
@@ -90,59 +90,40 @@ def eq_from_cache(logits: Float[Tensor, "N C"], cache, cfg: GeoConfig) -> EqActi
 def eq_forward_tables(model, cfg: GeoConfig, tokens: Int[Tensor, "N 3"]) -> EqActivations:
     """EqActivations of a one-layer model over tokens [N, n_ctx], from per-token tables (no grad).
 
-    Tables: resid_pre R [V, P, D] from one forward of the embedding over the rows [v, v, v];
-    q, k, v [V, P, H, d_head]; scores of a `=`-position query with token u against key position
-    j holding token w, qk[u, j, w, h] (the last query sees every key, so the causal mask never
-    applies there). Per input: gathered scores [N, P, H], softmax, z = sum_j pattern_j v_j,
-    attn_out = z W_O, then the block's own norm and readout modules and the MLP as two addmm's
-    on [N, D].
+    The attention of `=`, the residual after attention, the MLP, the norms and the readout come
+    from geolens.fast.fast_eq_forward (the training path's tables and embedding bags, forward
+    only: no per-input W_O or W_in matmul); z = sum_j pattern_j v_j from a per-token v table, and
+    attn_out = (resid_pre + attn_out) - resid_pre.
     """
     V, P, H = cfg.d_vocab, cfg.n_ctx, cfg.n_heads
-    blk = model.blocks[0]
-    attn, mlp = blk.attn, blk.mlp
     N = tokens.shape[0]
     last = tokens[:, -1]
-    saved: dict[str, Tensor] = {}
-
-    def save(act: Tensor, hook) -> None:
-        saved[hook.name] = act
-
+    f = fast_eq_forward(model, tokens)
     with torch.no_grad():
         R = model.residual_after_embed(torch.arange(V)[:, None].expand(V, P))  # [V, P, D]
-        q, k, v = (torch.einsum("vpd,hde->vphe", R, W) for W in (attn.W_Q, attn.W_K, attn.W_V))
+        v_flat = torch.einsum("vpd,hde->vphe", R, model.blocks[0].attn.W_V).flatten(0, 1)  # [V * P, H, d_head]
         if cfg.attention == "uniform":
             pattern = torch.full((N, H, P), 1.0 / P, dtype=R.dtype)
         else:
-            qk = torch.einsum("uhe,wjhe->ujwh", q[:, -1], k) / math.sqrt(cfg.d_head)  # [V, P, V, H]
-            rows = (last[:, None] * P + torch.arange(P)) * V + tokens  # [N, P] into (u, j, w)
-            pattern = qk.reshape(-1, H)[rows].softmax(dim=1).transpose(1, 2)  # [N, H, P]
-        v_flat = v.flatten(0, 1)  # [V * P, H, d_head]
+            pattern = f["p"].transpose(1, 2)  # [N, H, P]
         z = pattern[:, :, 0, None] * v_flat.index_select(0, tokens[:, 0] * P)
         for j in range(1, P):
             z.addcmul_(pattern[:, :, j, None], v_flat.index_select(0, tokens[:, j] * P + j))
-        attn_out = z.flatten(1) @ attn.W_O.flatten(0, 1)  # [N, D]
         resid_pre = R[:, -1].index_select(0, last)
-        hooks = [f"blocks.0.{n}_norm.hook_scale" for n in ("attn", "mlp")]
-        with model.hooks(fwd_hooks=[(name, save) for name in hooks if name in model.hook_dict]):
-            resid_mid = blk.attn_norm(resid_pre + attn_out)
-            post = torch.addmm(mlp.b_in, resid_mid, mlp.W_in).relu_()  # = blk.mlp's hook_post, fused
-            mlp_out = torch.addmm(mlp.b_out, post, mlp.W_out)
-            resid_post = blk.mlp_norm(resid_mid + mlp_out)
-            logits = model.unembed(resid_post)
     values = {
         "hook_embed": model.embed.W_E.detach().index_select(0, last),
         "hook_pos_embed": model.pos_embed.W_pos.detach()[P - 1].expand(N, -1),
         "blocks.0.hook_resid_pre": resid_pre,
         "blocks.0.attn.hook_pattern": pattern,
         "blocks.0.attn.hook_z": z,
-        "blocks.0.hook_attn_out": attn_out,
-        "blocks.0.hook_resid_mid": resid_mid,
-        "blocks.0.mlp.hook_post": post,
-        "blocks.0.hook_mlp_out": mlp_out,
-        "blocks.0.hook_resid_post": resid_post,
+        "blocks.0.hook_attn_out": f["x"] - resid_pre,
+        "blocks.0.hook_resid_mid": f["resid_mid"],
+        "blocks.0.mlp.hook_post": f["mlp_post"],
+        "blocks.0.hook_mlp_out": f["mlp_out"],
+        "blocks.0.hook_resid_post": f["resid_post"],
     }
     if cfg.norm != "none":
-        values["blocks.0.attn_norm.hook_scale"] = saved["blocks.0.attn_norm.hook_scale"]
-        values["blocks.0.mlp_norm.hook_scale"] = saved["blocks.0.mlp_norm.hook_scale"]
-    projected = [R.flatten(0, 1), resid_mid, resid_post] if cfg.norm == "sphere" else []
-    return EqActivations(logits, values, projected)
+        values["blocks.0.attn_norm.hook_scale"] = f["attn_scale"]
+        values["blocks.0.mlp_norm.hook_scale"] = f["mlp_scale"]
+    projected = [R.flatten(0, 1), f["resid_mid"], f["resid_post"]] if cfg.norm == "sphere" else []
+    return EqActivations(f["logits"], values, projected)
