@@ -172,10 +172,17 @@ def direct_logit_attribution(
     last, L = model.blocks[cfg.n_layers - 1], cfg.n_layers - 1
     post = eq[f"blocks.{L}.mlp.hook_post"]  # [N, d_mlp]
     M = _norm_linear(cfg, last.mlp_norm, last.mlp.W_out.detach()) @ D  # [d_mlp, C]
-    weighted = post if cfg.norm == "none" else post / eq[f"blocks.{L}.mlp_norm.hook_scale"]
-    per_class = torch.zeros(D.shape[1], post.shape[1], dtype=post.dtype).index_add_(0, labels, weighted)
+    inv_scale = None if cfg.norm == "none" else eq[f"blocks.{L}.mlp_norm.hook_scale"][:, 0].reciprocal()
+    # per_class[c] = sum over inputs of class c of post / scale: one bag per class over the inputs sorted by class
+    by_class = torch.argsort(labels, stable=True)
+    counts = torch.bincount(labels, minlength=D.shape[1])
+    per_class = torch.nn.functional.embedding_bag(
+        by_class, post, torch.cumsum(counts, 0) - counts, mode="sum",
+        per_sample_weights=None if inv_scale is None else inv_scale[by_class])  # [C, d_mlp]
     neurons = (per_class.T * M).sum(1) / N
-    per_input = weighted * M.T[labels] if per_input_neurons else None
+    per_input = None
+    if per_input_neurons:
+        per_input = (post if inv_scale is None else post * inv_scale[:, None]) * M.T[labels]
 
     if cfg.unembed == "bounded":
         units = "normalised space: score = logit / tau against unit-norm W_U columns (a cosine when h is on the sphere)"
