@@ -173,6 +173,8 @@ def analyze(
     static: str = typer.Option("png,svg", help="Static figure formats, comma-separated ('' for none)."),
     keys: str = typer.Option("auto", help="Key frequencies of fve_paper, restricted/excluded loss, embed_circles: "
                              "'auto' (each checkpoint's own), 'final' (the last checkpoint's, for the whole run) or e.g. 4,32."),
+    workers: Optional[int] = typer.Option(None, help="Worker processes, one thread each (default: one per CPU core "
+                                          "when at least 8 checkpoints need computing, else none; 1: in this process)."),
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
     """Evaluate metrics at every checkpoint (cached), write analysis/metrics.csv and analysis/report.html."""
@@ -185,7 +187,8 @@ def analyze(
         key_choice = keys if keys in ("auto", "final") else [int(k) for k in keys.split(",")]
     except ValueError:
         raise GeoError(f"--keys '{keys}' must be auto, final or comma-separated frequencies, e.g. --keys 4,32") from None
-    traj = analyze_run(r, _names(metrics), _ints(steps, "--steps"), progress=not quiet, keys=key_choice)
+    traj = analyze_run(r, _names(metrics), _ints(steps, "--steps"), progress=not quiet, keys=key_choice,
+                       workers=workers)
     report = write_report(traj, _ints(at, "--at"), tuple(f for f in static.split(",") if f))
     console.print(f"{len(traj.steps)} checkpoints, {traj.computed} metric evaluations computed "
                   f"(the rest from cache); table {r.path / 'analysis' / 'metrics.csv'}; report {report}")

@@ -75,12 +75,13 @@ class Run:
         return probe_run(self, step)
 
     def analyze(self, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = False,
-                keys: str | list[int] | None = None):
+                keys: str | list[int] | None = None, workers: int | None = None):
         """Metrics at every (or the chosen) checkpoint, cached: a trajectory.Trajectory.
-        keys: 'auto' (default), 'final' or frequencies to pin (trajectory.resolve_keys)."""
+        keys: 'auto' (default), 'final' or frequencies to pin (trajectory.resolve_keys).
+        workers: parallel worker processes (None: automatic; 1: in-process; see trajectory.analyze_run)."""
         from geolens.trajectory import analyze_run
 
-        return analyze_run(self, metrics, steps, progress, keys)
+        return analyze_run(self, metrics, steps, progress, keys, workers)
 
     def summary(self) -> dict[str, Any]:
         """What `geolens info` prints."""

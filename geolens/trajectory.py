@@ -7,6 +7,8 @@ A rerun computes only what is missing: a metric whose definition version changed
 whose bytes changed, or a key-frequency metric asked for with other keys ("keys": the pinned
 frequencies, null for each checkpoint's own) is recomputed; everything else is read back. Each step's cache file is
 written atomically as soon as that step is done, so an interrupted analysis keeps its work.
+Checkpoints are computed in parallel single-threaded worker processes when there are enough of them
+(analyze_run's `workers`); all caching and writing stays in the calling process.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ import csv
 import hashlib
 import io
 import json
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +31,7 @@ from geolens.run import Run
 from geolens.storage import atomic_write_bytes, atomic_write_json
 
 ANALYSIS_DIR = "analysis"
+AUTO_WORKERS_MIN_STEPS = 8  # fewer checkpoints to compute: in-process (a spawned worker costs seconds of imports)
 
 
 @dataclass
@@ -92,19 +99,53 @@ def resolve_keys(run: Run, keys: str | list[int] | None) -> list[int] | None:
     return [int(k) for k in keys]
 
 
+def _metrics_at(run: Run, step: int, names: list[str], pinned: list[int] | None):
+    from geolens.analysis import compute_metrics
+
+    return compute_metrics(run.model_at(step), run.config, run.dataset, names=names, key_freqs=pinned, num_threads=1)
+
+
+_WORKER_RUNS: dict[str, Run] = {}  # per worker process: the run, loaded once
+
+
+def _worker_metrics(path: str, step: int, names: list[str], pinned: list[int] | None):
+    """One step's (rows, skipped) in a worker process."""
+    if path not in _WORKER_RUNS:
+        _WORKER_RUNS[path] = Run(path)
+    return _metrics_at(_WORKER_RUNS[path], step, names, pinned)
+
+
+@contextmanager
+def _pool(workers: int):
+    """A spawn-context process pool (None for workers <= 1); pending steps are cancelled on error."""
+    if workers <= 1:
+        yield None
+        return
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        yield pool
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
 def analyze_run(
     run: Run, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = True,
-    keys: str | list[int] | None = None,
+    keys: str | list[int] | None = None, workers: int | None = None,
 ) -> Trajectory:
     """Evaluate metrics (all by default) at the chosen checkpoints, reusing the cache.
 
-    keys: resolve_keys choice for the key-frequency metrics (default: each checkpoint's own)."""
-    from geolens.analysis import METRICS, compute_metrics, metric_versions
+    keys: resolve_keys choice for the key-frequency metrics (default: each checkpoint's own).
+    workers: processes computing checkpoints, one thread each; None: os.cpu_count() when at least
+    AUTO_WORKERS_MIN_STEPS checkpoints need computing, else in-process; 1: in-process. Scripts that
+    use workers need the `if __name__ == "__main__":` guard (the spawn start method)."""
+    from geolens.analysis import METRICS, metric_versions
 
     names = list(METRICS) if metrics is None else metrics
     unknown = [n for n in names if n not in METRICS]
     if unknown:
         raise GeoError(f"unknown metric(s) {unknown}; known metrics: {', '.join(METRICS)}")
+    if workers is not None and workers < 1:
+        raise GeoError(f"workers must be at least 1 (got {workers}); leave it unset for automatic")
     versions = metric_versions()
     chosen = select_steps(run, steps)
     pinned = resolve_keys(run, keys)
@@ -113,32 +154,38 @@ def analyze_run(
         return entry.get("version") == versions[name] and (not METRICS[name].uses_keys or entry.get("keys") == pinned)
 
     cache_dir = run.path / ANALYSIS_DIR / "cache"
-    values: dict[int, dict[str, dict[str, float]]] = {}
-    skipped: dict[str, str] = {}
-    computed = 0
+    entries: dict[int, dict] = {}  # step -> {metric: cache entry}
+    shas: dict[int, str] = {}
+    jobs: dict[int, list[str]] = {}  # step -> metrics to compute
+    for step in chosen:
+        shas[step] = _sha256(run.dir.ckpt_path(step))
+        cached = _read_cache(cache_dir / f"step_{step:07d}.json")
+        entries[step] = cached.get("metrics", {}) if cached.get("checkpoint_sha256") == shas[step] else {}
+        todo = [n for n in names if not fresh(n, entries[step].get(n, {}))]
+        if todo:
+            jobs[step] = todo
+    if workers is None:
+        workers = (os.cpu_count() or 1) if len(jobs) >= AUTO_WORKERS_MIN_STEPS else 1
+    workers = min(workers, len(jobs))
+
     bar = Progress(TextColumn("[bold]analyze"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"),
                    TimeRemainingColumn(), disable=not progress)
-    with bar:
-        task = bar.add_task("analyze", total=len(chosen), step="")
-        for step in chosen:
-            bar.update(task, step=f"epoch {step}")
-            cache_path = cache_dir / f"step_{step:07d}.json"
-            sha = _sha256(run.dir.ckpt_path(step))
-            cached = _read_cache(cache_path)
-            entries = cached.get("metrics", {}) if cached.get("checkpoint_sha256") == sha else {}
-            todo = [n for n in names if not fresh(n, entries.get(n, {}))]
-            if todo:
-                rows, skip = compute_metrics(run.model_at(step), run.config, run.dataset, names=todo,
-                                             key_freqs=pinned, num_threads=1)
-                for n in todo:
-                    entries[n] = {"version": versions[n], **({"keys": pinned} if METRICS[n].uses_keys else {}),
-                                  **({"skipped": skip[n]} if n in skip else {"values": rows[n]})}
-                computed += len(todo)
-                atomic_write_json(cache_path, {"checkpoint_sha256": sha, "metrics": entries})
-            values[step] = {n: entries[n]["values"] for n in names if "values" in entries[n]}
-            skipped.update({n: entries[n]["skipped"] for n in names if "skipped" in entries[n]})
-            bar.advance(task)
-    traj = Trajectory(run, chosen, values, skipped, computed)
+    with bar, _pool(workers) as pool:
+        task = bar.add_task("analyze", total=len(chosen), completed=len(chosen) - len(jobs), step="")
+        if pool is None:
+            results = ((step, _metrics_at(run, step, todo, pinned)) for step, todo in jobs.items())
+        else:
+            futures = {pool.submit(_worker_metrics, str(run.path), step, todo, pinned): step for step, todo in jobs.items()}
+            results = ((futures[f], f.result()) for f in as_completed(futures))
+        for step, (rows, skip) in results:
+            for n in jobs[step]:
+                entries[step][n] = {"version": versions[n], **({"keys": pinned} if METRICS[n].uses_keys else {}),
+                                    **({"skipped": skip[n]} if n in skip else {"values": rows[n]})}
+            atomic_write_json(cache_dir / f"step_{step:07d}.json", {"checkpoint_sha256": shas[step], "metrics": entries[step]})
+            bar.update(task, advance=1, step=f"epoch {step}")
+    values = {s: {n: entries[s][n]["values"] for n in names if "values" in entries[s][n]} for s in chosen}
+    skipped = {n: entries[s][n]["skipped"] for s in chosen for n in names if "skipped" in entries[s][n]}
+    traj = Trajectory(run, chosen, values, skipped, sum(map(len, jobs.values())))
     write_table(traj, run.path / ANALYSIS_DIR / "metrics.csv")
     return traj
 

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -94,6 +95,33 @@ def test_corrupt_checkpoint_names_the_file_and_keeps_cached_results(tmp_path):
         analyze_run(load_run(tmp_path / "r"), progress=False)
     for p, data in cached.items():
         assert p.read_bytes() == data or "step_0000000" in p.name  # step 0 may gain the new metrics
+
+
+def _copy_run(run_dir, dest):
+    shutil.copytree(run_dir, dest, ignore=shutil.ignore_patterns("analysis"))
+    return dest
+
+
+def test_worker_processes_give_the_same_values_and_cache_files(run_dir, tmp_path):
+    one_dir, two_dir = _copy_run(run_dir, tmp_path / "one"), _copy_run(run_dir, tmp_path / "two")
+    one = analyze_run(load_run(one_dir), progress=False, workers=1)
+    two = analyze_run(load_run(two_dir), progress=False, workers=2)
+    assert two.steps == one.steps and two.computed == one.computed == len(METRICS) * 4
+    assert json.dumps(two.values, sort_keys=True) == json.dumps(one.values, sort_keys=True)  # exact reprs, NaN-safe
+    for name in ("metrics.csv", *(f"cache/step_{s:07d}.json" for s in one.steps)):
+        assert (two_dir / "analysis" / name).read_bytes() == (one_dir / "analysis" / name).read_bytes()
+    assert analyze_run(load_run(two_dir), progress=False, workers=2).computed == 0
+
+
+def test_corrupt_checkpoint_in_a_worker_is_the_same_clear_error(run_dir, tmp_path):
+    path = _copy_run(run_dir, tmp_path / "r")
+    analyze_run(load_run(path), metrics=["loss"], progress=False, workers=1)
+    cached = (path / "analysis" / "cache" / "step_0000040.json").read_bytes()
+    (path / "checkpoints" / "step_0000040.safetensors").write_bytes(b"\0" * 10)
+    with pytest.raises(GeoError, match="step_0000040.safetensors is corrupt") as err:
+        analyze_run(load_run(path), progress=False, workers=2)
+    assert "\n" not in str(err.value)
+    assert (path / "analysis" / "cache" / "step_0000040.json").read_bytes() == cached
 
 
 def test_run_without_checkpoints_is_a_clear_error(tmp_path):
