@@ -9,14 +9,24 @@ d_mlp 512, 4 heads), measures in the same process and under the same thread sett
 
 and prints the medians, their ratio, and optionally the per-metric split.
 
+With --trajectory K it instead trains a K-checkpoint p = 113 fb run (epochs 0..K-1, one
+checkpoint per epoch) into a temporary directory and times analyze_run over all K checkpoints
+with workers=1 (in-process) and workers=2 (two spawned single-thread processes, start-up
+included), the cache cleared before each, alternating for --reps rounds; it prints the median
+seconds per checkpoint of each and their ratio.
+
     python benchmarks/bench_analysis.py [--reps 5] [--threads default,1] [--breakdown]
+    python benchmarks/bench_analysis.py --trajectory 24 [--reps 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,7 +34,10 @@ from geolens.analysis import METRICS, AnalysisContext, compute_metrics
 from geolens.analysis.threads import torch_threads
 from geolens.config import make_config
 from geolens.model import GeoTransformer
+from geolens.run import load_run
 from geolens.tasks import make_dataset
+from geolens.train import train
+from geolens.trajectory import ANALYSIS_DIR, analyze_run
 
 
 def _median_time(fn, reps: int) -> float:
@@ -50,12 +63,36 @@ def _breakdown(model, cfg, ds) -> dict[str, float]:
     return out
 
 
+def _trajectory(k: int, reps: int) -> None:
+    """Seconds per checkpoint of analyze_run over a fresh K-checkpoint run, workers=1 against workers=2."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "run"
+        train(make_config("fb", p=113, epochs=k - 1, eval_every=1, checkpoints="every:1"), path, progress=False)
+        run = load_run(path)
+        assert len(run.steps) == k, run.steps
+        times: dict[int, list[float]] = {1: [], 2: []}
+        for _ in range(reps):
+            for workers in times:
+                shutil.rmtree(path / ANALYSIS_DIR, ignore_errors=True)
+                t0 = time.perf_counter()
+                analyze_run(run, progress=False, workers=workers)
+                times[workers].append((time.perf_counter() - t0) / k)
+    one, two = (statistics.median(times[w]) for w in (1, 2))
+    for w, ts in times.items():
+        print(f"workers={w}: {statistics.median(ts):.3f} s/checkpoint (runs: {', '.join(f'{t:.3f}' for t in ts)})")
+    print(f"{k} checkpoints, p = 113 fb: throughput ratio workers=2 / workers=1 = {one / two:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", default="default,1", help="comma list of thread counts; 'default' = torch's own")
     ap.add_argument("--breakdown", action="store_true", help="also print seconds per metric")
+    ap.add_argument("--trajectory", type=int, metavar="K", help="time analyze_run over K checkpoints, workers=1 vs 2")
     args = ap.parse_args()
+    if args.trajectory:
+        _trajectory(args.trajectory, args.reps)
+        return
 
     print(f"torch {torch.__version__}, default threads {torch.get_num_threads()}, reps {args.reps} (medians)")
     for preset in ("fb", "ln"):
