@@ -56,6 +56,7 @@ more accurate than the other (the hooked model flips as many units against float
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
@@ -68,7 +69,7 @@ from torch import Tensor
 from geolens.config import ATTENTIONS, NORMS, UNEMBEDS, GeoConfig
 from geolens.errors import GeoError
 
-__all__ = ["fast_unsupported_reason", "fast_logits", "stacked_fast_logits", "fast_eq_forward", "fast_flops"]
+__all__ = ["fast_unsupported_reason", "fast_logits", "stacked_fast_logits", "fast_eq_forward", "FastEq", "fast_flops"]
 
 
 def fast_unsupported_reason(cfg: GeoConfig) -> str | None:
@@ -313,6 +314,20 @@ class _Forward:
     st3: tuple
     logits: Tensor
 
+    def rows(self, idx: Tensor) -> "_Forward":
+        """The same values for examples idx [k] of a one-member forward (every per-example tensor
+        gathered: [1, B, ...] along dim 1, p and w_pre [B, ...] along dim 0)."""
+
+        def take(t, dim):
+            if t is None:
+                return None
+            if isinstance(t, tuple):
+                return tuple(take(u, dim) for u in t)
+            return t.index_select(dim, idx)
+
+        return _Forward(*(take(getattr(self, f.name), 0 if f.name in ("p", "w_pre") else 1)
+                          for f in dataclasses.fields(self)))
+
 
 def _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr, keep_mlp_out=False) -> _Forward:
     """The per-example forward (module docstring; inputs as in _Body) from the tables.
@@ -368,12 +383,13 @@ class _Body(torch.autograd.Function):
     T[2V] + sum_h VO[2V, h] / 3; VO[r, h] = T[r] @ W_V[h] @ W_O[h]);
     Tab2 [M*n_tab + M, Dm] (no grad): the members' Tab @ Wt rows, then their k rows;
     W_in [M, D, Dm], b_in [M, Dm]; w2, b2 (N2 params [M, D] or None); W_out [M, Dm, D];
-    b_out [M, D]; w3, b3 (N3 params or None); Wr [M, D, C]. Output: logits [M, B, C].
+    b_out [M, D]; w3, b3 (N3 params or None); Wr [M, D, C]; given: None, or the _Forward of exactly
+    these inputs and parameter values, used instead of recomputing it. Output: logits [M, B, C].
     """
 
     @staticmethod
-    def forward(ctx, plan, spec, Sc, Tab, Tab2, W_in, b_in, w2, b2, W_out, b_out, w3, b3, Wr, Wt):
-        f = _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr)
+    def forward(ctx, plan, spec, Sc, Tab, Tab2, W_in, b_in, w2, b2, W_out, b_out, w3, b3, Wr, Wt, given=None):
+        f = given if given is not None else _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr)
         ctx.plan, ctx.spec = plan, spec
         ctx.st2, ctx.st3, ctx.a2 = f.st2, f.st3, f.a2
         ctx.save_for_backward(Tab, Tab2, Wt, f.p, f.w_pre, f.post, f.h3, W_in, W_out, w2, b2, w3, b3, Wr)
@@ -462,7 +478,8 @@ class _Body(torch.autograd.Function):
                 g_Sc = torch.zeros((M, 2 * V + 1, H), dtype=dot.dtype, device=dot.device)
                 g_Sc.view(-1, H).index_add_(0, plan.sc_rows, torch.cat((p0 * (g_p0 - dot), p1 * (g_p1 - dot))))
                 g_Sc[:, 2 * V] = (p2 * dot).view(M, B, H).sum(1).neg_()
-        return (None, None, g_Sc, g_Tab, None, g_W_in, g_b_in, g_w2, g_b2, g_W_out, g_b_out, g_w3, g_b3, g_Wr, None)
+        return (None, None, g_Sc, g_Tab, None, g_W_in, g_b_in, g_w2, g_b2, g_W_out, g_b_out, g_w3, g_b3, g_Wr, None,
+                None)
 
 
 # ---- tables and the entry points --------------------------------------------------------------
@@ -528,6 +545,17 @@ def _prepare(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[Tensor]):
     return plan, spec, _tables(cfg, params, plan.eq)
 
 
+def _apply(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[Tensor], given: _Forward | None = None) -> Tensor:
+    """_Body on the tables of params (with autograd) for the members' checked, non-empty tokens."""
+    plan, spec, (Sc, Tab, Tab2, Wr, Wt) = _prepare(cfg, params, tokens)
+    return _Body.apply(
+        plan, spec, Sc, Tab, Tab2, params["blocks.0.mlp.W_in"], params["blocks.0.mlp.b_in"],
+        params.get("blocks.0.attn_norm.w"), params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
+        params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"), params.get("blocks.0.mlp_norm.b"), Wr, Wt,
+        given,
+    )
+
+
 def stacked_fast_logits(cfg: GeoConfig, params: dict[str, Tensor],
                         tokens: list[Int[Tensor, "batch 3"]]) -> Float[Tensor, "M batch d_vocab_out"]:
     """Logits [M, B, d_vocab_out] of M one-layer GeoTransformers of config `cfg` (up to the member
@@ -541,18 +569,28 @@ def stacked_fast_logits(cfg: GeoConfig, params: dict[str, Tensor],
     _check(cfg, tokens)
     if tokens[0].shape[0] == 0:
         return params["unembed.W_U"].new_zeros(len(tokens), 0, cfg.d_vocab_out)
-    plan, spec, (Sc, Tab, Tab2, Wr, Wt) = _prepare(cfg, params, tokens)
-    return _Body.apply(
-        plan, spec, Sc, Tab, Tab2, params["blocks.0.mlp.W_in"], params["blocks.0.mlp.b_in"],
-        params.get("blocks.0.attn_norm.w"), params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
-        params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"), params.get("blocks.0.mlp_norm.b"), Wr, Wt,
-    )
+    return _apply(cfg, params, tokens)
 
 
-def fast_eq_forward(model, tokens: Int[Tensor, "N 3"]) -> dict[str, Tensor]:
+@dataclass
+class FastEq:
+    """fast_eq_forward's result: values (name -> tensor, see there) of the inputs `tokens` [N, 3];
+    fast_logits(model, tokens[rows], reuse=(this, rows)) reuses its forward for gradients."""
+
+    values: dict[str, Tensor]
+    tokens: Tensor
+    forward: _Forward
+    versions: tuple[int, ...]
+
+
+def _param_versions(model) -> tuple[int, ...]:
+    return tuple(p._version for p in model.parameters())
+
+
+def fast_eq_forward(model, tokens: Int[Tensor, "N 3"]) -> FastEq:
     """No-grad values at `=` of a one-layer GeoTransformer on tokens [N, 3] (N >= 1), for analysis.
 
-    'x' [N, D] the residual after attention (resid_pre + attn_out, before attn_norm),
+    values: 'x' [N, D] the residual after attention (resid_pre + attn_out, before attn_norm),
     'resid_mid' [N, D], 'mlp_post' [N, d_mlp], 'mlp_out' [N, D], 'resid_post' [N, D], 'logits'
     [N, C]; learned attention: 'p' [N, 3, H] the `=` query's attention onto (a, b, =); norms
     other than 'none': 'attn_scale', 'mlp_scale' [N, 1], the norms' hook_scale values
@@ -573,10 +611,11 @@ def fast_eq_forward(model, tokens: Int[Tensor, "N 3"]) -> dict[str, Tensor]:
         out["p"] = f.p
     if f.a2 is not None:
         out["attn_scale"], out["mlp_scale"] = f.a2[0].reciprocal(), f.a3[0].reciprocal()
-    return out
+    return FastEq(out, tokens, f, _param_versions(model))
 
 
-def fast_logits(model, tokens: Int[Tensor, "batch 3"]) -> Float[Tensor, "batch d_vocab_out"]:
+def fast_logits(model, tokens: Int[Tensor, "batch 3"],
+                reuse: tuple[FastEq, Int[Tensor, "batch"]] | None = None) -> Float[Tensor, "batch d_vocab_out"]:
     """Logits [B, d_vocab_out] of `model` (a one-layer GeoTransformer) on tokens [B, 3].
 
     Equal to model(tokens) up to float rounding and differentiable w.r.t. the model's own
@@ -584,6 +623,10 @@ def fast_logits(model, tokens: Int[Tensor, "batch 3"]) -> Float[Tensor, "batch d
     carry the same token at position 2 (the `=` of every task). Use under torch.no_grad() for
     evaluation. Index work that depends only on `tokens` is cached while the same (unmodified)
     tensor is passed again, e.g. the training set every epoch.
+
+    reuse=(eq, rows): eq = fast_eq_forward(model, all_tokens) with the current parameters and
+    tokens == all_tokens[rows]: the per-example forward is gathered from eq instead of recomputed
+    (the tables are rebuilt with autograd; the backward is unchanged).
     """
     reason = fast_unsupported_reason(model.cfg)
     if reason is not None:
@@ -591,4 +634,11 @@ def fast_logits(model, tokens: Int[Tensor, "batch 3"]) -> Float[Tensor, "batch d
     if tokens.dim() == 2 and tokens.shape[0] == 0:
         return model(tokens)
     params = {name: p.unsqueeze(0) for name, p in model.named_parameters()}
-    return stacked_fast_logits(model.cfg, params, [tokens])[0]
+    if reuse is None:
+        return stacked_fast_logits(model.cfg, params, [tokens])[0]
+    eq, rows = reuse
+    if eq.versions != _param_versions(model) or not torch.equal(eq.tokens[rows], tokens):
+        raise GeoError("fast_logits(reuse=...) needs a fast_eq_forward of this model's current parameters and "
+                       "tokens == its tokens[rows]")
+    _check(model.cfg, [tokens])
+    return _apply(model.cfg, params, [tokens], eq.forward.rows(rows))[0]

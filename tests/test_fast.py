@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from geolens.config import make_config
 from geolens.errors import GeoError
-from geolens.fast import fast_flops, fast_logits, fast_unsupported_reason, stacked_fast_logits
+from geolens.fast import fast_eq_forward, fast_flops, fast_logits, fast_unsupported_reason, stacked_fast_logits
 from geolens.model import GeoTransformer
 from geolens.tasks import make_dataset
 
@@ -62,13 +62,13 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
-def _compare(model: GeoTransformer, tokens: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """Relative errors (fast vs hooked) of the logits and of every parameter gradient; a gradient
-    that is None on one side only counts as an infinite error."""
+def _compare(model: GeoTransformer, tokens: torch.Tensor, labels: torch.Tensor, forward=fast_logits) -> dict[str, float]:
+    """Relative errors (forward(model, tokens), default fast_logits, vs hooked) of the logits and of
+    every parameter gradient; a gradient that is None on one side only counts as an infinite error."""
     probe = torch.randn(len(labels), model.cfg.d_vocab_out, generator=torch.Generator().manual_seed(7))
     ref_logits = model(tokens)
     ref = _grads(model, ref_logits, labels, probe)
-    out_logits = fast_logits(model, tokens)
+    out_logits = forward(model, tokens)
     out = _grads(model, out_logits, labels, probe)
     errors = {"logits": _rel(out_logits.detach(), ref_logits.detach())}
     for name, g_ref in ref.items():
@@ -132,6 +132,33 @@ def test_uneven_batches_match(preset):
     for tokens in (skewed, data.tokens[:1], data.tokens):
         labels = torch.randint(0, cfg.d_vocab_out, (len(tokens),), generator=g)
         _assert_close(_compare(model, tokens, labels))
+
+
+@pytest.mark.parametrize("preset", ["ln", "rms", "none", "fb", "fb+uniform", "sphere_raw+uniform"])
+def test_reused_forward_gives_the_hooked_logits_and_gradients(preset):
+    """fast_logits(reuse=(fast_eq_forward over all inputs, rows)) on the training rows: the
+    gathered forward gives the same logits and gradients as the hooked model."""
+    cfg = _config(preset, "add")
+    model = GeoTransformer(cfg)
+    _trained_looking(model, seed=4)
+    data = make_dataset(cfg)
+    eq = fast_eq_forward(model, data.tokens)
+    tokens, labels = data.train
+    _assert_close(_compare(model, tokens, labels, lambda m, t: fast_logits(m, t, reuse=(eq, data.train_idx))))
+
+
+def test_reuse_refuses_stale_weights_or_other_rows():
+    cfg = _config("fb", "add")
+    model = GeoTransformer(cfg)
+    data = make_dataset(cfg)
+    eq = fast_eq_forward(model, data.tokens)
+    tokens = data.tokens[data.train_idx]
+    with pytest.raises(GeoError, match="current parameters"):
+        fast_logits(model, tokens, reuse=(eq, data.test_idx[: len(tokens)]))
+    with torch.no_grad():
+        model.blocks[0].mlp.W_out.mul_(1.5)
+    with pytest.raises(GeoError, match="current parameters"):
+        fast_logits(model, tokens, reuse=(eq, data.train_idx))
 
 
 @pytest.mark.parametrize("preset", ["ln", "rms+uniform", "fb", "fb+uniform", "sphere_raw", "none+uniform"])

@@ -102,11 +102,13 @@ class AnalysisContext:
         """Logits of `tokens` through the narrowed forward (gradients allowed)."""
         return last_position_forward(self.model, self.cfg)(tokens)
 
-    def grad_forward(self, tokens: Tensor) -> Tensor:
+    def grad_forward(self, tokens: Tensor, rows: Tensor | None = None) -> Tensor:
         """Logits [B, C] of tokens [B, 3] for gradients: geolens.fast.fast_logits (exact up to float
-        rounding, ~1e-6 relative) when the config supports it, else the narrowed forward."""
+        rounding, ~1e-6 relative) when the config supports it, else the narrowed forward.
+        rows [B]: tokens == dataset.tokens[rows], so the fast path reuses the forward of `eq`."""
         if fast_unsupported_reason(self.cfg) is None:
-            return fast_logits(self.model, tokens)
+            reuse = None if rows is None or self.eq.fast is None else (self.eq.fast, rows)
+            return fast_logits(self.model, tokens, reuse=reuse)
         return self.forward(tokens)
 
     # -- weights and activations --

@@ -31,7 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.config import GeoConfig
-from geolens.fast import fast_eq_forward
+from geolens.fast import FastEq, fast_eq_forward
 
 
 @dataclass
@@ -40,11 +40,14 @@ class EqActivations:
 
     projected: every sphere-projection output the forward computed, flattened to [rows, d_model]
     (all positions where they were computed; empty unless cfg.norm == 'sphere').
+    fast: the geolens.fast.FastEq behind the values (table route only), which lets gradients
+    on a subset of the inputs reuse this forward (fast_logits(reuse=...)).
     """
 
     logits: Float[Tensor, "N C"]
     values: dict[str, Tensor]
     projected: list[Tensor]
+    fast: FastEq | None = None
 
     def __getitem__(self, name: str) -> Tensor:
         return self.values[name]
@@ -98,7 +101,8 @@ def eq_forward_tables(model, cfg: GeoConfig, tokens: Int[Tensor, "N 3"]) -> EqAc
     V, P, H = cfg.d_vocab, cfg.n_ctx, cfg.n_heads
     N = tokens.shape[0]
     last = tokens[:, -1]
-    f = fast_eq_forward(model, tokens)
+    fast = fast_eq_forward(model, tokens)
+    f = fast.values
     with torch.no_grad():
         R = model.residual_after_embed(torch.arange(V)[:, None].expand(V, P))  # [V, P, D]
         v_flat = torch.einsum("vpd,hde->vphe", R, model.blocks[0].attn.W_V).flatten(0, 1)  # [V * P, H, d_head]
@@ -126,4 +130,4 @@ def eq_forward_tables(model, cfg: GeoConfig, tokens: Int[Tensor, "N 3"]) -> EqAc
         values["blocks.0.attn_norm.hook_scale"] = f["attn_scale"]
         values["blocks.0.mlp_norm.hook_scale"] = f["mlp_scale"]
     projected = [R.flatten(0, 1), f["resid_mid"], f["resid_post"]] if cfg.norm == "sphere" else []
-    return EqActivations(f["logits"], values, projected)
+    return EqActivations(f["logits"], values, projected, fast)

@@ -165,7 +165,7 @@ def m_zero_loss_fraction(ctx: AnalysisContext) -> dict[str, float]:
 
 def m_nlm_cosine(ctx: AnalysisContext) -> dict[str, float]:
     x, y = ctx.dataset.train
-    res = health.nlm_cosine(ctx.model, x, y, forward=ctx.grad_forward)
+    res = health.nlm_cosine(ctx.model, x, y, forward=lambda t: ctx.grad_forward(t, rows=ctx.dataset.train_idx))
     total = res.pop("total")
     return {"nlm_cosine": total, **{f"nlm_cosine/{name}": v for name, v in res.items()}}
 
