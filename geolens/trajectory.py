@@ -110,7 +110,10 @@ _WORKER_RUNS: dict[str, Run] = {}  # per worker process: the run, loaded once
 
 def _worker_metrics(path: str, step: int, names: list[str], pinned: list[int] | None):
     """One step's (rows, skipped) in a worker process."""
-    if path not in _WORKER_RUNS:
+    if path not in _WORKER_RUNS:  # first step in this worker: one torch thread for all its work (the workers fill the cores)
+        import torch
+
+        torch.set_num_threads(1)
         _WORKER_RUNS[path] = Run(path)
     return _metrics_at(_WORKER_RUNS[path], step, names, pinned)
 
