@@ -16,7 +16,7 @@ included), the cache cleared before each, alternating for --reps rounds; it prin
 seconds per checkpoint of each and their ratio.
 
     python benchmarks/bench_analysis.py [--reps 5] [--threads default,1] [--breakdown]
-    python benchmarks/bench_analysis.py --trajectory 24 [--reps 3]
+    python benchmarks/bench_analysis.py --trajectory 24 [--reps 3] [--seed 0]
 """
 
 from __future__ import annotations
@@ -63,11 +63,11 @@ def _breakdown(model, cfg, ds) -> dict[str, float]:
     return out
 
 
-def _trajectory(k: int, reps: int) -> None:
+def _trajectory(k: int, reps: int, seed: int) -> None:
     """Seconds per checkpoint of analyze_run over a fresh K-checkpoint run, workers=1 against workers=2."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "run"
-        train(make_config("fb", p=113, epochs=k - 1, eval_every=1, checkpoints="every:1"), path, progress=False)
+        train(make_config("fb", p=113, epochs=k - 1, eval_every=1, checkpoints="every:1", seed=seed), path, progress=False)
         run = load_run(path)
         assert len(run.steps) == k, run.steps
         times: dict[int, list[float]] = {1: [], 2: []}
@@ -89,9 +89,10 @@ def main() -> None:
     ap.add_argument("--threads", default="default,1", help="comma list of thread counts; 'default' = torch's own")
     ap.add_argument("--breakdown", action="store_true", help="also print seconds per metric")
     ap.add_argument("--trajectory", type=int, metavar="K", help="time analyze_run over K checkpoints, workers=1 vs 2")
+    ap.add_argument("--seed", type=int, default=0, help="initialisation seed of the --trajectory run")
     args = ap.parse_args()
     if args.trajectory:
-        _trajectory(args.trajectory, args.reps)
+        _trajectory(args.trajectory, args.reps, args.seed)
         return
 
     print(f"torch {torch.__version__}, default threads {torch.get_num_threads()}, reps {args.reps} (medians)")
