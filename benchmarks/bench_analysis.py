@@ -12,8 +12,9 @@ and prints the medians, their ratio, and optionally the per-metric split.
 With --trajectory K it instead trains a K-checkpoint p = 113 fb run (epochs 0..K-1, one
 checkpoint per epoch) into a temporary directory and times analyze_run over all K checkpoints
 with workers=1 (in-process) and workers=2 (two spawned single-thread processes, start-up
-included), the cache cleared before each, alternating for --reps rounds; it prints the median
-seconds per checkpoint of each and their ratio.
+included; their exit, which overlaps what follows analyze_run, is not), the cache cleared before
+each, alternating for --reps rounds; it prints the median seconds per checkpoint of each and
+their ratio.
 
     python benchmarks/bench_analysis.py [--reps 5] [--threads default,1] [--breakdown]
     python benchmarks/bench_analysis.py --trajectory 24 [--reps 3] [--seed 0]
@@ -22,6 +23,7 @@ seconds per checkpoint of each and their ratio.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import shutil
 import statistics
 import tempfile
@@ -77,6 +79,8 @@ def _trajectory(k: int, reps: int, seed: int) -> None:
                 t0 = time.perf_counter()
                 analyze_run(run, progress=False, workers=workers)
                 times[workers].append((time.perf_counter() - t0) / k)
+                while multiprocessing.active_children():  # workers exit after analyze_run returns: not in the next timing
+                    time.sleep(0.1)
     one, two = (statistics.median(times[w]) for w in (1, 2))
     for w, ts in times.items():
         print(f"workers={w}: {statistics.median(ts):.3f} s/checkpoint (runs: {', '.join(f'{t:.3f}' for t in ts)})")
