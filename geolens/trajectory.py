@@ -31,7 +31,9 @@ from geolens.run import Run
 from geolens.storage import atomic_write_bytes, atomic_write_json
 
 ANALYSIS_DIR = "analysis"
-AUTO_WORKERS_MIN_STEPS = 8  # fewer checkpoints to compute: in-process (a spawned worker costs seconds of imports)
+# fewer checkpoints to compute: in-process. Spawned workers take ~5-7 s to import and start; on 2 cores they
+# break even near 30 p = 113 checkpoints (24: 0.82-0.93x, 48: 1.25x; docs/performance.md)
+AUTO_WORKERS_MIN_STEPS = 32
 
 
 @dataclass
