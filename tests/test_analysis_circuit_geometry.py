@@ -87,6 +87,26 @@ def test_effective_rank():
     assert geometry.effective_rank(M) == pytest.approx(float(torch.exp(-(p * p.log()).sum())), rel=1e-4)
 
 
+def test_effective_rank_survives_a_float32_eigensolver_failure(monkeypatch):
+    """float32 LAPACK eigvalsh fails to converge on some trained checkpoints' activation Grams
+    (seen at p = 113); the Gram route then decomposes in float64 instead of aborting."""
+    g = torch.Generator().manual_seed(1)
+    M = torch.randn(3000, 400, generator=g).relu()
+    expected = geometry.effective_rank(M)
+    eigvalsh = torch.linalg.eigvalsh
+    dtypes = []
+
+    def float32_fails(G):
+        dtypes.append(G.dtype)
+        if G.dtype == torch.float32:
+            raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+        return eigvalsh(G)
+
+    monkeypatch.setattr(torch.linalg, "eigvalsh", float32_fails)
+    assert geometry.effective_rank(M) == pytest.approx(expected, rel=1e-5)
+    assert dtypes == [torch.float32, torch.float64]
+
+
 def test_resid_norm_is_one_at_every_projected_hook_of_a_sphere_model():
     ctx = _ctx("fb", n_layers=2)
     res = geometry.resid_norm(ctx.eq, ctx.cfg)

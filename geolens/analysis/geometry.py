@@ -17,7 +17,8 @@ def singular_values(M: Float[Tensor, "m n"]) -> Float[Tensor, "r"]:
     Small matrices use an SVD in float64. Large ones (over 2^20 entries, e.g. MLP activations over
     all p^2 inputs) use the eigenvalues of the smaller Gram matrix M^T M (gram_lower), formed and
     decomposed in M's dtype (float32: the Gram's own rounding already dominates the eigvalsh
-    error), which is an order of magnitude faster. Values below max(m, n) * eps(float32) * sigma_max (the
+    error; float64 when float32 LAPACK fails to converge, as it does on some trained checkpoints),
+    which is an order of magnitude faster. Values below max(m, n) * eps(float32) * sigma_max (the
     default tolerance of torch.linalg.matrix_rank) are treated as zero either way, which also
     hides the float32 rounding noise of the Gram route.
     """
@@ -29,7 +30,11 @@ def singular_values(M: Float[Tensor, "m n"]) -> Float[Tensor, "r"]:
     else:
         G = gram_lower(M)  # the big matmul: every thread
         with single_thread():
-            s = torch.linalg.eigvalsh(G).double().clamp_min(0).sqrt().flip(0)
+            try:
+                ev = torch.linalg.eigvalsh(G)
+            except torch.linalg.LinAlgError:  # float32 LAPACK can fail to converge on an ill-conditioned Gram
+                ev = torch.linalg.eigvalsh(G.double())
+        s = ev.double().clamp_min(0).sqrt().flip(0)
     if s.numel() == 0 or s[0] == 0:
         return s[:0]
     tol = max(M.shape) * torch.finfo(torch.float32).eps * s[0]
