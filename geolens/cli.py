@@ -236,7 +236,7 @@ def _print_summary(path: Path) -> None:
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # non-standalone typer returns exit codes (130 for Ctrl-C) instead of exiting
     except GeoError as e:
         err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         sys.exit(2)
@@ -251,3 +251,8 @@ def main() -> None:
         if isinstance(e, click.exceptions.Abort):
             sys.exit(1)
         raise
+    if code == 130:
+        err.print("interrupted: what was already written is kept (checkpoints: continue with train --resume; "
+                  "analysis: rerun analyze, it computes only what is missing)")
+    if isinstance(code, int) and code:
+        sys.exit(code)

@@ -83,3 +83,15 @@ def test_installed_console_script_fails_cleanly(tmp_path):
     script = Path(sys.executable).parent / "geolens"
     r = subprocess.run([str(script), "train", "--preset", "nope", "--out", str(tmp_path / "x")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "unknown preset 'nope'" in r.stderr
+
+
+def test_ctrl_c_exits_130_and_says_what_is_kept(tmp_path, geolens, monkeypatch):
+    out = tmp_path / "run"
+    assert geolens("train", "--epochs", "5", "--eval-every", "5", "--out", str(out), "--quiet", *TINY).returncode == 0
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("geolens.trajectory.analyze_run", interrupted)
+    r = geolens("analyze", "--run", str(out), "--quiet")
+    assert r.returncode == 130 and "interrupted" in r.stderr and "--resume" in r.stderr
