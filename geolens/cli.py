@@ -173,8 +173,9 @@ def analyze(
     static: str = typer.Option("png,svg", help="Static figure formats, comma-separated ('' for none)."),
     keys: str = typer.Option("auto", help="Key frequencies of fve_paper, restricted/excluded loss, embed_circles: "
                              "'auto' (each checkpoint's own), 'final' (the last checkpoint's, for the whole run) or e.g. 4,32."),
-    workers: Optional[int] = typer.Option(None, help="Worker processes, one thread each (default: one per CPU core "
-                                          "when at least 32 checkpoints need computing, else none; 1: in this process)."),
+    workers: Optional[int] = typer.Option(None, help="Processes computing checkpoints, one thread each, this one "
+                                          "included (default: one per CPU core when at least 16 checkpoints need "
+                                          "computing, else 1: only this process)."),
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
     """Evaluate metrics at every checkpoint (cached), write analysis/metrics.csv and analysis/report.html."""

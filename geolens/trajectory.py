@@ -7,8 +7,9 @@ A rerun computes only what is missing: a metric whose definition version changed
 whose bytes changed, or a key-frequency metric asked for with other keys ("keys": the pinned
 frequencies, null for each checkpoint's own) is recomputed; everything else is read back. Each step's cache file is
 written atomically as soon as that step is done, so an interrupted analysis keeps its work.
-Checkpoints are computed in parallel single-threaded worker processes when there are enough of them
-(analyze_run's `workers`); all caching and writing stays in the calling process.
+Checkpoints are computed in parallel by the calling process and spawned single-threaded worker
+processes when there are enough of them (analyze_run's `workers`); all caching and writing stays in
+the calling process.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import io
 import json
 import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +32,9 @@ from geolens.run import Run
 from geolens.storage import atomic_write_bytes, atomic_write_json
 
 ANALYSIS_DIR = "analysis"
-# fewer checkpoints to compute: in-process. Spawned workers take ~5-7 s to import and start; on 2 cores they
-# break even near 30 p = 113 checkpoints (24: 0.82-0.93x, 48: 1.25x; docs/performance.md)
-AUTO_WORKERS_MIN_STEPS = 32
+# fewer checkpoints to compute: in-process only. The caller computes while spawned workers import (~5 s);
+# on 2 cores p = 113 measured 0.87x at 8 checkpoints, 1.22x at 24, 1.30x at 48 (docs/performance.md)
+AUTO_WORKERS_MIN_STEPS = 16
 
 
 @dataclass
@@ -110,21 +111,27 @@ def _metrics_at(run: Run, step: int, names: list[str], pinned: list[int] | None)
 _WORKER_RUNS: dict[str, Run] = {}  # per worker process: the run, loaded once
 
 
-def _worker_metrics(path: str, step: int, names: list[str], pinned: list[int] | None):
-    """One step's (rows, skipped) in a worker process."""
-    if path not in _WORKER_RUNS:  # first step in this worker: one torch thread for all its work (the workers fill the cores)
+def _start_worker(path: str) -> None:
+    """Load the run in this worker process (once), with one torch thread for all the worker's work
+    (the workers and the caller fill the cores)."""
+    if path not in _WORKER_RUNS:
         import torch
 
         torch.set_num_threads(1)
         _WORKER_RUNS[path] = Run(path)
+
+
+def _worker_metrics(path: str, step: int, names: list[str], pinned: list[int] | None):
+    """One step's (rows, skipped) in a worker process."""
+    _start_worker(path)
     return _metrics_at(_WORKER_RUNS[path], step, names, pinned)
 
 
 @contextmanager
 def _pool(workers: int):
-    """A spawn-context process pool (None for workers <= 1). On leaving, steps not started are cancelled
+    """A spawn-context process pool (None for workers < 1). On leaving, steps not started are cancelled
     (after an error) and the workers exit in the background (their interpreter teardown takes ~1.5 s)."""
-    if workers <= 1:
+    if workers < 1:
         yield None
         return
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
@@ -134,6 +141,41 @@ def _pool(workers: int):
         pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _caller_step(queue: list[int]) -> int | None:
+    """The step the calling process computes next while no worker result is waiting: the last queued."""
+    return queue.pop() if queue else None
+
+
+def _results(run: Run, jobs: dict[int, list[str]], pinned, pool, n_workers: int):
+    """(step, (rows, skipped)) for every job, in completion order.
+
+    With a pool of n_workers, steps go to the workers only once one has started (imports and run
+    loaded: ~5 s), from the front of the queue, at most two per worker at a time; meanwhile and
+    whenever no worker result is waiting, the calling process computes the last queued step itself.
+    """
+    if pool is None:
+        yield from ((step, _metrics_at(run, step, todo, pinned)) for step, todo in jobs.items())
+        return
+    path, queue, running = str(run.path), list(jobs), {}
+    started = pool.submit(_start_worker, path)
+    while queue or running:
+        if started.done():
+            started.result()  # a worker that cannot load the run raises here
+            while queue and len(running) < 2 * n_workers:
+                step = queue.pop(0)
+                running[pool.submit(_worker_metrics, path, step, jobs[step], pinned)] = step
+        done = [f for f in running if f.done()]
+        for f in done:
+            yield running.pop(f), f.result()
+        if done:
+            continue
+        step = _caller_step(queue)
+        if step is not None:
+            yield step, _metrics_at(run, step, jobs[step], pinned)
+        else:
+            wait(list(running) or [started], return_when=FIRST_COMPLETED)
+
+
 def analyze_run(
     run: Run, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = True,
     keys: str | list[int] | None = None, workers: int | None = None,
@@ -141,9 +183,10 @@ def analyze_run(
     """Evaluate metrics (all by default) at the chosen checkpoints, reusing the cache.
 
     keys: resolve_keys choice for the key-frequency metrics (default: each checkpoint's own).
-    workers: processes computing checkpoints, one thread each; None: os.cpu_count() when at least
-    AUTO_WORKERS_MIN_STEPS checkpoints need computing, else in-process; 1: in-process. Scripts that
-    use workers need the `if __name__ == "__main__":` guard (the spawn start method)."""
+    workers: processes computing checkpoints, one thread each, the calling process included (it
+    computes while the workers-1 spawned ones start); None: os.cpu_count() when at least
+    AUTO_WORKERS_MIN_STEPS checkpoints need computing, else 1 (in-process only). Scripts that use
+    workers need the `if __name__ == "__main__":` guard (the spawn start method)."""
     from geolens.analysis import METRICS, metric_versions
 
     names = list(METRICS) if metrics is None else metrics
@@ -176,14 +219,9 @@ def analyze_run(
 
     bar = Progress(TextColumn("[bold]analyze"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"),
                    TimeRemainingColumn(), disable=not progress)
-    with bar, _pool(workers) as pool:
+    with bar, _pool(workers - 1) as pool:
         task = bar.add_task("analyze", total=len(chosen), completed=len(chosen) - len(jobs), step="")
-        if pool is None:
-            results = ((step, _metrics_at(run, step, todo, pinned)) for step, todo in jobs.items())
-        else:
-            futures = {pool.submit(_worker_metrics, str(run.path), step, todo, pinned): step for step, todo in jobs.items()}
-            results = ((futures[f], f.result()) for f in as_completed(futures))
-        for step, (rows, skip) in results:
+        for step, (rows, skip) in _results(run, jobs, pinned, pool, workers - 1):
             for n in jobs[step]:
                 entries[step][n] = {"version": versions[n], **({"keys": pinned} if METRICS[n].uses_keys else {}),
                                     **({"skipped": skip[n]} if n in skip else {"values": rows[n]})}

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from geolens import train as training
+from geolens import trajectory
 from geolens.analysis import METRICS
 from geolens.config import make_config
 from geolens.errors import GeoError
@@ -102,7 +103,10 @@ def _copy_run(run_dir, dest):
     return dest
 
 
-def test_worker_processes_give_the_same_values_and_cache_files(run_dir, tmp_path):
+@pytest.mark.parametrize("caller_computes", [True, False], ids=["caller+worker", "worker-only"])
+def test_worker_processes_give_the_same_values_and_cache_files(run_dir, tmp_path, monkeypatch, caller_computes):
+    if not caller_computes:  # the caller never takes a step: the spawned worker computes them all
+        monkeypatch.setattr(trajectory, "_caller_step", lambda queue: None)
     one_dir, two_dir = _copy_run(run_dir, tmp_path / "one"), _copy_run(run_dir, tmp_path / "two")
     one = analyze_run(load_run(one_dir), progress=False, workers=1)
     two = analyze_run(load_run(two_dir), progress=False, workers=2)
@@ -113,7 +117,8 @@ def test_worker_processes_give_the_same_values_and_cache_files(run_dir, tmp_path
     assert analyze_run(load_run(two_dir), progress=False, workers=2).computed == 0
 
 
-def test_corrupt_checkpoint_in_a_worker_is_the_same_clear_error(run_dir, tmp_path):
+def test_corrupt_checkpoint_in_a_worker_is_the_same_clear_error(run_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(trajectory, "_caller_step", lambda queue: None)  # the error is raised in the worker
     path = _copy_run(run_dir, tmp_path / "r")
     analyze_run(load_run(path), metrics=["loss"], progress=False, workers=1)
     cached = (path / "analysis" / "cache" / "step_0000040.json").read_bytes()
