@@ -11,7 +11,7 @@ and prints the medians, their ratio, and optionally the per-metric split.
 
 With --trajectory K it instead trains a K-checkpoint p = 113 fb run (epochs 0..K-1, one
 checkpoint per epoch) into a temporary directory and times analyze_run over all K checkpoints
-with workers=1 (in-process) and workers=2 (two spawned single-thread processes, start-up
+with workers=1 (in-process) and workers=2 (this process plus one spawned single-thread worker, start-up
 included; their exit, which overlaps what follows analyze_run, is not), the cache cleared before
 each, alternating for --reps rounds; it prints the median seconds per checkpoint of each and
 their ratio.
