@@ -46,6 +46,11 @@ of one shape (parameters stacked [M, *shape], one token tensor [B, 3] per member
 computation: bmm for the matmuls, and bags over the members' tables flattened to one
 [M * rows, width] table with member-offset row indices. `fast_logits` is M = 1.
 
+Analysis: `fast_eq_forward` runs the same forward without gradients over every input and returns
+the per-input values at `=` the analysis reads (geolens.analysis.eqforward); passing it to
+`fast_logits(..., reuse=(eq, rows))` gathers a subset's forward from it, so a gradient on the
+training rows costs only the tables and the backward.
+
 Exactness: same float32 math in a different order, so logits agree to ~1e-7 relative and the
 pre-activations are as close to a float64 reference as the hooked model's are. Gradients agree
 to ~1e-6, except that a ReLU unit whose pre-activation lies within rounding error of 0 (|pre| ~
