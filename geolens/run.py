@@ -78,7 +78,8 @@ class Run:
                 keys: str | list[int] | None = None, workers: int | None = None):
         """Metrics at every (or the chosen) checkpoint, cached: a trajectory.Trajectory.
         keys: 'auto' (default), 'final' or frequencies to pin (trajectory.resolve_keys).
-        workers: parallel worker processes (None: automatic; 1: in-process; see trajectory.analyze_run)."""
+        workers: processes computing checkpoints, this one included (None: automatic; 1: only this
+        process; see trajectory.analyze_run)."""
         from geolens.trajectory import analyze_run
 
         return analyze_run(self, metrics, steps, progress, keys, workers)
