@@ -44,6 +44,7 @@ from geolens.train import (
     onset_events,
     optimizer_tensors,
     run_header,
+    training_device,
     write_checkpoint,
 )
 
@@ -109,6 +110,7 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
     check_members(cfgs)
     if len(outs) != len(cfgs):
         raise GeoError(f"{len(cfgs)} member configs but {len(outs)} output directories")
+    dev = training_device(cfgs[0])
     runs = [RunDir(o) for o in outs]
     taken = [str(r.path) for r in runs if r.exists()]
     if taken and not force:
@@ -116,11 +118,12 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
     for r in runs:
         r.prepare_new(force)
     S, cfg = len(cfgs), cfgs[0]
-    models = [GeoTransformer(c) for c in cfgs]
+    models = [GeoTransformer(c).to(dev) for c in cfgs]
     opts = [make_optimizer(m) for m in models]
     data = [make_dataset(c) for c in cfgs]
-    train_x, test_x = [d.train[0] for d in data], [d.test[0] for d in data]
-    train_y, test_y = torch.stack([d.train[1] for d in data]), torch.stack([d.test[1] for d in data])
+    train_x, test_x = [d.train[0].to(dev) for d in data], [d.test[0].to(dev) for d in data]
+    train_y = torch.stack([d.train[1] for d in data]).to(dev)
+    test_y = torch.stack([d.test[1] for d in data]).to(dev)
     schedule = parse_schedule(cfg.checkpoints)
     forward = StackedForward(models)
     why = f"{S} members stacked; {forward.why}"

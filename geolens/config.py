@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,7 +60,7 @@ class GeoConfig:
     checkpoints: str = "adaptive"
     early_stop_after: int | None = None
     engine: str = "auto"  # auto | hooked | fast
-    device: str = "cpu"
+    device: str = "cpu"  # where training runs: cpu | cuda | cuda:N (analysis always runs on the CPU)
     preset: str = ""  # the preset string this config was built from (informational)
 
     def __post_init__(self) -> None:
@@ -99,6 +100,8 @@ class GeoConfig:
         _choice("attention", self.attention, ATTENTIONS)
         _choice("init", self.init, INITS)
         _choice("engine", self.engine, ("auto", "hooked", "fast"))
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise GeoError(f"device = {self.device!r} is not a device; use cpu, cuda or cuda:N")
         if self.task in ("add", "sub", "mul") and not _is_prime(self.p):
             raise GeoError(f"p = {self.p} is not prime; task '{self.task}' needs a prime p (e.g. 113)")
         if self.task == "perm" and not 2 <= self.n_perm <= 6:

@@ -132,12 +132,12 @@ class Attention(nn.Module):
         k = self.hook_k(torch.einsum("bpd,hde->bphe", x, self.W_K))
         v = self.hook_v(torch.einsum("bpd,hde->bphe", x, self.W_V))
         if self.cfg.attention == "uniform":
-            scores = torch.zeros(x.shape[0], self.cfg.n_heads, x.shape[1], x.shape[1], dtype=x.dtype)
+            scores = x.new_zeros(x.shape[0], self.cfg.n_heads, x.shape[1], x.shape[1])
         else:
             scores = torch.einsum("bqhe,bkhe->bhqk", q, k) / math.sqrt(self.cfg.d_head)
         if self.cfg.causal:
             n = x.shape[1]
-            mask = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+            mask = torch.triu(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=1)
             scores = scores.masked_fill(mask, float("-inf"))
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(scores.softmax(dim=-1))

@@ -36,10 +36,19 @@ from geolens.tasks import make_dataset
 
 ONSET_ACC = 0.95
 SUSTAINED_ACC = 0.99
-RESUMABLE_FIELDS = ("epochs", "early_stop_after")
+RESUMABLE_FIELDS = ("epochs", "early_stop_after", "device")
 
 
-# ---- engine selection ------------------------------------------------------------------------
+# ---- device and engine selection ----------------------------------------------------------
+def training_device(cfg: GeoConfig) -> torch.device:
+    """cfg.device as a torch.device; a GeoError if it names a GPU torch cannot see here."""
+    dev = torch.device(cfg.device)
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise GeoError(f"device = {cfg.device!r} but torch {torch.__version__} sees {torch.cuda.device_count()} CUDA "
+                       f"device(s) here; use --set device=cpu, or install a CUDA build of torch on a GPU machine")
+    return dev
+
+
 def choose_engine(cfg: GeoConfig) -> tuple[str, str]:
     """('fast' | 'hooked', why). 'auto' takes the fast path when it supports the model."""
     if cfg.engine == "hooked":
@@ -102,7 +111,7 @@ def optimizer_tensors(model: GeoTransformer, opt: torch.optim.Optimizer) -> dict
 def load_optimizer_tensors(model: GeoTransformer, opt: torch.optim.Optimizer, tensors: dict[str, Tensor]) -> None:
     for name, param in model.named_parameters():
         prefix = f"opt.{name}."
-        state = {k[len(prefix) :]: v.clone() for k, v in tensors.items() if k.startswith(prefix)}
+        state = {k[len(prefix) :]: v.to(param.device, copy=True) for k, v in tensors.items() if k.startswith(prefix)}
         if state:
             opt.state[param] = state
 
@@ -127,26 +136,29 @@ class TrainResult:
 
 def train(cfg: GeoConfig, out: str | Path, force: bool = False, progress: bool = True) -> TrainResult:
     """Train a new run into `out` (refused if it exists, unless force)."""
+    dev = training_device(cfg)
     run = RunDir(out)
     run.prepare_new(force)
-    model = GeoTransformer(cfg)
+    model = GeoTransformer(cfg).to(dev)  # initialised on the CPU: the same init on every device
     opt = make_optimizer(model)
     return _loop(run, model, opt, start=0, rows=[], manifest=[], progress=progress)
 
 
 def resume(out: str | Path, progress: bool = True, **changes) -> TrainResult:
-    """Continue a run from its resume state; only `epochs` and `early_stop_after` may change."""
+    """Continue a run from its resume state; only `epochs`, `early_stop_after` and `device` may change."""
     run = RunDir(out)
     header = run.read_header()
     bad = sorted(set(changes) - set(RESUMABLE_FIELDS))
     if bad:
         raise GeoError(f"--resume cannot change {bad}; only {list(RESUMABLE_FIELDS)} may change (start a new run instead)")
     cfg = GeoConfig.from_dict({**header["config"], **changes})
+    dev = training_device(cfg)
     if not run.resume_file.exists():
         raise GeoError(f"{run.resume_file} is missing: the run has no checkpoint to resume from; retrain with --force")
     state = load_tensors(run.resume_file)
     model = GeoTransformer(cfg)
     model.load_state_dict({k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
+    model.to(dev)
     opt = make_optimizer(model)
     load_optimizer_tensors(model, opt, state)
     step = int(state["epoch"].item())
@@ -161,8 +173,8 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
     cfg = model.cfg
     torch.manual_seed(cfg.seed)
     data = make_dataset(cfg)
-    train_x, train_y = data.train
-    test_x, test_y = data.test
+    dev = next(model.parameters()).device
+    train_x, train_y, test_x, test_y = (t.to(dev) for t in (*data.train, *data.test))
     engine, forward, why = select_forward(model)
     schedule = parse_schedule(cfg.checkpoints)
     last_ckpt = manifest[-1] if manifest else None

@@ -65,7 +65,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _compare(model: GeoTransformer, tokens: torch.Tensor, labels: torch.Tensor, forward=fast_logits) -> dict[str, float]:
     """Relative errors (forward(model, tokens), default fast_logits, vs hooked) of the logits and of
     every parameter gradient; a gradient that is None on one side only counts as an infinite error."""
-    probe = torch.randn(len(labels), model.cfg.d_vocab_out, generator=torch.Generator().manual_seed(7))
+    probe = torch.randn(len(labels), model.cfg.d_vocab_out, generator=torch.Generator().manual_seed(7)).to(tokens.device)
     ref_logits = model(tokens)
     ref = _grads(model, ref_logits, labels, probe)
     out_logits = forward(model, tokens)
