@@ -2,6 +2,7 @@
 
     python benchmarks/bench_batched.py                    # presets fb and ln, 1 / 4 / 10 seeds, p = 113
     python benchmarks/bench_batched.py --reps 2 --seeds 1,4 --engines fast
+    python benchmarks/bench_batched.py --device cuda --seeds 1,10,100 --reps 10
 
 Batched engines: 'fast' (geolens.fast.stacked_fast_logits: the fast path with a leading member
 dimension, the default for one-layer models) and 'hooked' (the hooked forward vmapped over the
@@ -31,12 +32,12 @@ from geolens.tasks import make_dataset
 from geolens.train import make_optimizer
 
 
-def single_step(preset: str):
+def single_step(preset: str, device: torch.device):
     """One full-batch training step of one seed on the fast path (fast_logits + train.make_optimizer)."""
     cfg = make_config(preset, seed=1, data_seed=1)
-    model = GeoTransformer(cfg)
+    model = GeoTransformer(cfg).to(device)
     opt = make_optimizer(model)
-    x, y = make_dataset(cfg).train
+    x, y = (t.to(device) for t in make_dataset(cfg).train)
 
     def step():
         loss = F.cross_entropy(fast_logits(model, x), y)
@@ -47,15 +48,15 @@ def single_step(preset: str):
     return step
 
 
-def batched_step(preset: str, engine: str, n_seeds: int):
+def batched_step(preset: str, engine: str, n_seeds: int, device: torch.device):
     """One step of n_seeds members stacked, with the batched engine 'fast' or 'hooked'."""
     cfgs = [make_config(preset, seed=s, data_seed=s, engine=engine) for s in range(1, n_seeds + 1)]
-    models = [GeoTransformer(c) for c in cfgs]
+    models = [GeoTransformer(c).to(device) for c in cfgs]
     forward = StackedForward(models)
     opts = [make_optimizer(m) for m in models]
     data = [make_dataset(c).train for c in cfgs]
-    x = [d[0] for d in data]
-    y = torch.stack([d[1] for d in data])
+    x = [d[0].to(device) for d in data]
+    y = torch.stack([d[1] for d in data]).to(device)
 
     def step():
         losses = member_losses(forward(x), y)
@@ -68,13 +69,16 @@ def batched_step(preset: str, engine: str, n_seeds: int):
     return step
 
 
-def interleaved_medians(steps: dict[str, object], reps: int) -> dict[str, float]:
+def interleaved_medians(steps: dict[str, object], reps: int, device: torch.device) -> dict[str, float]:
     """Median seconds per step of each entry: one untimed round, then `reps` rounds of one step each, interleaved."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times: dict[str, list[float]] = {k: [] for k in steps}
     for r in range(reps + 1):
         for key, step in steps.items():
+            sync()
             t0 = time.perf_counter()
             step()
+            sync()
             if r:
                 times[key].append(time.perf_counter() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
@@ -86,15 +90,19 @@ def main() -> None:
     ap.add_argument("--seeds", default="1,4,10", help="batch sizes (members) to measure")
     ap.add_argument("--engines", default="fast,hooked", help="batched engines to measure (fast, hooked)")
     ap.add_argument("--reps", type=int, default=3, help="timed steps per measurement")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; p = 113, frac 0.3 (3,830 training examples)")
+    device = torch.device(args.device)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}; p = 113, frac 0.3 (3,830 training examples)")
     print(f"{'preset':<8}{'path':<26}{'seed-epochs/s':>15}{'vs single fast':>16}")
     t_all = time.perf_counter()
     sizes = [int(s) for s in args.seeds.split(",")]
     for preset in args.presets.split(","):
-        steps = {("single", 1): single_step(preset)}
-        steps.update({(engine, n): batched_step(preset, engine, n) for engine in args.engines.split(",") for n in sizes})
-        medians = interleaved_medians(steps, args.reps)
+        steps = {("single", 1): single_step(preset, device)}
+        steps.update({(engine, n): batched_step(preset, engine, n, device)
+                      for engine in args.engines.split(",") for n in sizes})
+        medians = interleaved_medians(steps, args.reps, device)
         single = 1.0 / medians[("single", 1)]
         for (engine, n), sec in medians.items():
             rate = n / sec

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_train.py            # presets ln, rms, fb, fb+uniform at p = 113
     python benchmarks/bench_train.py --reps 7   # fewer repetitions (quicker, noisier)
+    python benchmarks/bench_train.py --device cuda   # the same on a GPU (one table)
 
 One epoch = one full-batch step on the training split (p = 113, frac 0.3: 3,830 examples):
 forward, cross-entropy, backward, AdamW step (the preset's lr / betas / weight decay; the
@@ -81,7 +82,7 @@ class Straightforward(nn.Module):
         cfg = self.cfg
         B, n = tokens.shape
         H, dh = cfg.n_heads, cfg.d_head
-        h = self.norm1(self.tok(tokens) + self.pos(torch.arange(n)))
+        h = self.norm1(self.tok(tokens) + self.pos(torch.arange(n, device=tokens.device)))
         q = self.q(h).view(B, n, H, dh).transpose(1, 2)
         k = self.k(h).view(B, n, H, dh).transpose(1, 2)
         v = self.v(h).view(B, n, H, dh).transpose(1, 2)
@@ -89,7 +90,7 @@ class Straightforward(nn.Module):
         if cfg.attention == "uniform":
             scores = torch.zeros_like(scores)
         if cfg.causal:
-            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=tokens.device).triu(1), float("-inf"))
         z = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, n, H * dh)
         h = self.norm2(h + self.o(z))
         h = self.norm3(h + self.fc2(F.relu(self.fc1(h))))
@@ -140,17 +141,24 @@ def make_step(forward, opt, x, y):
     return step
 
 
-def matmul_gflops(reps: int) -> tuple[float, float]:
-    """Median GFLOP/s of a plain [3830, 128] @ [128, 512] matmul and of a 1024^3 one."""
-    out = []
+def synchronizer(device: torch.device):
+    """A function that waits for the device's queued work (a no-op on the CPU)."""
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def matmul_gflops(reps: int, device: torch.device) -> tuple[float, float]:
+    """Median GFLOP/s of a plain [3830, 128] @ [128, 512] float32 matmul and of a 1024^3 one."""
+    sync, out = synchronizer(device), []
     for m, k, n in ((3830, 128, 512), (1024, 1024, 1024)):
-        a, b = torch.randn(m, k), torch.randn(k, n)
+        a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
         for _ in range(3):
             a @ b
         ts = []
         for _ in range(max(reps, 10)):
+            sync()
             t = time.perf_counter()
             a @ b
+            sync()
             ts.append(time.perf_counter() - t)
         out.append(2 * m * k * n / statistics.median(ts) / 1e9)
     return out[0], out[1]
@@ -160,15 +168,15 @@ def rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def bench_preset(preset: str, p: int, reps: int) -> dict:
+def bench_preset(preset: str, p: int, reps: int, device: torch.device) -> dict:
     cfg = make_config(preset, p=p)
     data = make_dataset(cfg)
-    x, y = data.train
-    test_x = data.test[0]
+    x, y = (t.to(device) for t in data.train)
+    test_x = data.test[0].to(device)
     torch.manual_seed(0)
-    hooked = GeoTransformer(cfg)
-    fast_model = GeoTransformer(cfg)
-    plain = Straightforward(cfg).load_from(hooked)
+    hooked = GeoTransformer(cfg).to(device)
+    fast_model = GeoTransformer(cfg).to(device)
+    plain = Straightforward(cfg).to(device).load_from(hooked)
     with torch.no_grad():  # same function, and the epoch-0 evaluation the training loop does
         ref = hooked(test_x)
         err_plain = rel(plain(test_x), ref)
@@ -179,14 +187,17 @@ def bench_preset(preset: str, p: int, reps: int) -> dict:
         "hooked": make_step(hooked, make_optimizer(hooked), x, y),
         "fast": make_step(lambda t: fast_logits(fast_model, t), make_optimizer(fast_model), x, y),
     }
+    sync = synchronizer(device)
     for step in engines.values():
         step()
         step()
     times = {k: [] for k in engines}
     for _ in range(reps):
         for name, step in engines.items():
+            sync()
             t = time.perf_counter()
             step()
+            sync()
             times[name].append(time.perf_counter() - t)
     med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     flops = fast_flops(cfg, len(y))
@@ -200,7 +211,9 @@ def main(argv=None) -> None:
     ap.add_argument("--p", type=int, default=113)
     ap.add_argument("--reps", type=int, default=15, help="timed rounds per preset (median reported)")
     ap.add_argument("--threads", default="", help="comma-separated torch thread counts, one table each (default: torch's)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (then --threads is ignored)")
     args = ap.parse_args(argv)
+    device = torch.device(args.device)
     t_start = time.perf_counter()
     load0 = os.getloadavg()
     cpu = platform.processor() or platform.machine()
@@ -210,18 +223,21 @@ def main(argv=None) -> None:
     except (OSError, StopIteration):
         pass
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs ({cpu}), load average {load0[0]:.2f}")
-    for threads in [int(t) for t in args.threads.split(",") if t.strip()] or [torch.get_num_threads()]:
-        torch.set_num_threads(threads)
-        run_table(args, threads)
+    if device.type == "cuda":
+        run_table(args, f"{torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}", device)
+    else:
+        for threads in [int(t) for t in args.threads.split(",") if t.strip()] or [torch.get_num_threads()]:
+            torch.set_num_threads(threads)
+            run_table(args, f"{threads} thread(s)", device)
     load1 = os.getloadavg()
     print(f"load average at the end {load1[0]:.2f}; total benchmark time {time.perf_counter() - t_start:.0f} s")
     if max(load0[0], load1[0]) > 0.6:
         print("note: other processes were using the CPUs during this run; multi-threaded timings suffer most")
 
 
-def run_table(args, threads: int) -> None:
-    mm_small, mm_big = matmul_gflops(args.reps)
-    print(f"\n== {threads} thread(s) ==  plain matmul reference: [3830,128]@[128,512] {mm_small:.1f} GFLOP/s, "
+def run_table(args, label: str, device: torch.device) -> None:
+    mm_small, mm_big = matmul_gflops(args.reps, device)
+    print(f"\n== {label} ==  plain matmul reference: [3830,128]@[128,512] {mm_small:.1f} GFLOP/s, "
           f"1024^3 {mm_big:.1f} GFLOP/s")
     hdr = (f"{'preset':12s} {'straightfwd':>11s} {'hooked':>9s} {'fast':>8s} {'fast/straight':>13s} {'speedup':>8s} "
            f"{'fast GFLOP/ep':>13s} {'fast GFLOP/s':>12s}  {'straight GFLOP/ep':>17s}  {'max rel err logits':>18s}")
@@ -229,7 +245,7 @@ def run_table(args, threads: int) -> None:
     print(hdr)
     rows = []
     for preset in args.presets.split(","):
-        r = bench_preset(preset, args.p, args.reps)
+        r = bench_preset(preset, args.p, args.reps, device)
         rows.append(r)
         m = r["med"]
         total = sum(r["flops"].values())
