@@ -44,6 +44,7 @@ from geolens.train import (
     onset_events,
     optimizer_tensors,
     run_header,
+    squared_norms,
     training_device,
     write_checkpoint,
 )
@@ -179,25 +180,24 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
 
 @torch.no_grad()
 def _evaluate(forward, models, epoch, losses, logits, train_y, test_x, test_y, elapsed) -> list[dict]:
-    """One metrics row per member (the single-run columns), from the training forward and a test forward."""
+    """One metrics row per member (the single-run columns), from the training forward and a test forward
+    (one device-to-host transfer for the statistics, one for the norms)."""
     test_logits = forward(test_x)
-    test_losses = member_losses(test_logits, test_y)
-    weight_sq = [sum(float(p.pow(2).sum()) for p in m.parameters()) for m in models]
-    grad_sq = [sum(float(p.grad.pow(2).sum()) for p in m.parameters() if p.grad is not None) for m in models]
-    train_acc = (logits.argmax(-1) == train_y).float().mean(1)
-    test_acc = (test_logits.argmax(-1) == test_y).float().mean(1)
-    max_logit = torch.maximum(logits.abs().flatten(1).amax(1), test_logits.abs().flatten(1).amax(1))
+    stats = torch.stack([losses.detach(), (logits.argmax(-1) == train_y).float().mean(1), member_losses(test_logits, test_y),
+                         (test_logits.argmax(-1) == test_y).float().mean(1),
+                         torch.maximum(logits.abs().flatten(1).amax(1), test_logits.abs().flatten(1).amax(1))], 1)
+    norms = torch.stack([squared_norms(m) for m in models]).tolist()  # [S][2][n_params]
     return [
         {
             "epoch": epoch,
-            "train_loss": losses[i].item(),
-            "train_acc": train_acc[i].item(),
-            "test_loss": test_losses[i].item(),
-            "test_acc": test_acc[i].item(),
-            "weight_norm": math.sqrt(weight_sq[i]),
-            "grad_norm": math.sqrt(grad_sq[i]),
-            "max_abs_logit": max_logit[i].item(),
+            "train_loss": train_loss,
+            "train_acc": train_acc,
+            "test_loss": test_loss,
+            "test_acc": test_acc,
+            "weight_norm": math.sqrt(sum(w_sq)),
+            "grad_norm": math.sqrt(sum(g_sq)),
+            "max_abs_logit": max_logit,
             "elapsed_s": elapsed,
         }
-        for i in range(len(losses))
+        for (train_loss, train_acc, test_loss, test_acc, max_logit), (w_sq, g_sq) in zip(stats.tolist(), norms)
     ]

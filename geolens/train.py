@@ -231,22 +231,30 @@ def finish_run(run: RunDir, header: dict, rows: list, start: int, stop_reason: s
     return events
 
 
+def squared_norms(model: GeoTransformer) -> Tensor:
+    """[2, n_params] on the model's device: each parameter's and each gradient's squared L2 norm (0 without a grad)."""
+    params = list(model.parameters())
+    return torch.stack([torch.stack([p.pow(2).sum() for p in params]),
+                        torch.stack([p.new_zeros(()) if p.grad is None else p.grad.pow(2).sum() for p in params])])
+
+
 @torch.no_grad()
 def _evaluate(model, forward, epoch, loss, logits, train_y, test_x, test_y, elapsed) -> dict:
+    """The metrics row of this epoch (one device-to-host transfer for all of it)."""
     test_logits = forward(test_x)
-    test_loss = F.cross_entropy(test_logits, test_y).item()
-    params = [p for p in model.parameters()]
-    weight_norm = math.sqrt(sum(float(p.pow(2).sum()) for p in params))
-    grad_norm = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in params if p.grad is not None))
+    stats = torch.stack([loss.detach(), (logits.argmax(-1) == train_y).float().mean(), F.cross_entropy(test_logits, test_y),
+                         (test_logits.argmax(-1) == test_y).float().mean(),
+                         torch.maximum(logits.abs().max(), test_logits.abs().max())])
+    (train_loss, train_acc, test_loss, test_acc, max_logit), (w_sq, g_sq) = stats.tolist(), squared_norms(model).tolist()
     return {
         "epoch": epoch,
-        "train_loss": loss.item(),
-        "train_acc": (logits.argmax(-1) == train_y).float().mean().item(),
+        "train_loss": train_loss,
+        "train_acc": train_acc,
         "test_loss": test_loss,
-        "test_acc": (test_logits.argmax(-1) == test_y).float().mean().item(),
-        "weight_norm": weight_norm,
-        "grad_norm": grad_norm,
-        "max_abs_logit": max(logits.abs().max().item(), test_logits.abs().max().item()),
+        "test_acc": test_acc,
+        "weight_norm": math.sqrt(sum(w_sq)),
+        "grad_norm": math.sqrt(sum(g_sq)),
+        "max_abs_logit": max_logit,
         "elapsed_s": elapsed,
     }
 
