@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from geolens import fast
 from geolens.config import make_config
 from geolens.errors import GeoError
 from geolens.fast import fast_eq_forward, fast_flops, fast_logits, fast_unsupported_reason, stacked_fast_logits
@@ -279,3 +280,35 @@ def test_empty_batch():
     model = GeoTransformer(cfg)
     tokens = make_dataset(cfg).train[0][:0]
     assert fast_logits(model, tokens).shape == (0, cfg.d_vocab_out)
+
+
+def _mm_cases():
+    g = torch.Generator().manual_seed(0)
+    for M in (1, 2):
+        x, w = torch.randn(M, 300, 24, generator=g), torch.randn(M, 16, 24, generator=g).transpose(1, 2)
+        for c in (None, torch.randn(M, 1, 16, generator=g), torch.randn(M, 300, 16, generator=g)):
+            yield x, w, c, torch.bmm(x, w) if c is None else torch.baddbmm(c, x, w)
+
+
+def test_dense_matmul_helper_equals_bmm(monkeypatch):
+    """fast._mm is bmm / baddbmm up to rounding, through oneDNN's linear for one CPU member (only)
+    where the build has oneDNN."""
+    op, calls = fast._onednn_linear(), []
+    if torch.backends.mkldnn.is_available():
+        assert op is not None, "oneDNN is built in but its linear op was not picked up"
+        spy = lambda *a: calls.append(a) or op(*a)  # noqa: E731
+        spy.binary = lambda *a: calls.append(a) or op.binary(*a)
+        monkeypatch.setattr(fast, "_onednn_linear", lambda: spy)
+    for x, w, c, ref in _mm_cases():
+        assert _rel(fast._mm(x, w, c), ref) < 1e-6
+    assert len(calls) == (3 if op is not None else 0)
+
+
+def test_without_onednn_the_fast_path_uses_bmm(monkeypatch):
+    monkeypatch.setattr(fast, "_onednn_linear", lambda: None)
+    for x, w, c, ref in _mm_cases():
+        assert torch.equal(fast._mm(x, w, c), ref)
+    cfg = _config("ln", "add")
+    model = GeoTransformer(cfg)
+    _trained_looking(model, seed=4)
+    _assert_close(_compare(model, *make_dataset(cfg).train))
