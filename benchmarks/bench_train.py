@@ -146,6 +146,40 @@ def synchronizer(device: torch.device):
     return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
 
+def cuda_graph(step):
+    """`step` (static tensors, no host syncs) captured once in a CUDA graph; returns its replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: optimizer state, cached index plans, cuBLAS workspaces
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+def graphed_engines(cfg, hooked: GeoTransformer, x, y) -> dict:
+    """'straightforward, CUDA graph' and 'fast, CUDA graph': fresh copies of the two engines (same weights),
+    each whole step (forward, backward, capturable fused AdamW) replayed from one CUDA graph."""
+    def adamw(model):
+        return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                 weight_decay=cfg.weight_decay, fused=True, capturable=True)
+
+    plain = Straightforward(cfg).to(x.device).load_from(hooked)
+    fast_model = GeoTransformer(cfg).to(x.device)
+    fast_model.load_state_dict(hooked.state_dict())
+    out = {}
+    for name, model, forward in (("straightforward, CUDA graph", plain, plain),
+                                 ("fast, CUDA graph", fast_model, lambda t: fast_logits(fast_model, t))):
+        try:
+            out[name] = cuda_graph(make_step(forward, adamw(model), x, y))
+        except RuntimeError as e:
+            print(f"  {name}: capture failed ({str(e).splitlines()[0]})")
+    return out
+
+
 def matmul_gflops(reps: int, device: torch.device) -> tuple[float, float]:
     """Median GFLOP/s of a plain [3830, 128] @ [128, 512] float32 matmul and of a 1024^3 one."""
     sync, out = synchronizer(device), []
@@ -168,7 +202,7 @@ def rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def bench_preset(preset: str, p: int, reps: int, device: torch.device) -> dict:
+def bench_preset(preset: str, p: int, reps: int, device: torch.device, graphs: bool = False) -> dict:
     cfg = make_config(preset, p=p)
     data = make_dataset(cfg)
     x, y = (t.to(device) for t in data.train)
@@ -187,6 +221,8 @@ def bench_preset(preset: str, p: int, reps: int, device: torch.device) -> dict:
         "hooked": make_step(hooked, make_optimizer(hooked), x, y),
         "fast": make_step(lambda t: fast_logits(fast_model, t), make_optimizer(fast_model), x, y),
     }
+    if graphs:
+        engines.update(graphed_engines(cfg, hooked, x, y))
     sync = synchronizer(device)
     for step in engines.values():
         step()
@@ -212,6 +248,8 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=15, help="timed rounds per preset (median reported)")
     ap.add_argument("--threads", default="", help="comma-separated torch thread counts, one table each (default: torch's)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (then --threads is ignored)")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="with --device cuda: also time the straightforward and fast steps replayed from CUDA graphs")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     t_start = time.perf_counter()
@@ -245,7 +283,7 @@ def run_table(args, label: str, device: torch.device) -> None:
     print(hdr)
     rows = []
     for preset in args.presets.split(","):
-        r = bench_preset(preset, args.p, args.reps, device)
+        r = bench_preset(preset, args.p, args.reps, device, graphs=args.cuda_graphs and device.type == "cuda")
         rows.append(r)
         m = r["med"]
         total = sum(r["flops"].values())
@@ -253,6 +291,10 @@ def run_table(args, label: str, device: torch.device) -> None:
               f"{m['fast'] / m['straightforward']:13.3f} {m['straightforward'] / m['fast']:7.2f}x "
               f"{total / 1e9:13.3f} {total / 1e9 / (m['fast'] / 1e3):12.1f}  {r['plain_flops'] / 1e9:17.2f}  "
               f"{max(r['err_plain'], r['err_fast']):18.1e}", flush=True)
+    for r in rows:
+        for name in [k for k in r["med"] if "graph" in k]:
+            print(f"  {r['preset']}: {name} {r['med'][name]:.2f} ms per epoch "
+                  f"({r['med']['straightforward'] / r['med'][name]:.2f}x the straightforward step without graphs)")
     for r in rows:
         parts = ", ".join(f"{k} {v / 1e9:.3f}" for k, v in r["flops"].items())
         print(f"  fast path FLOP/epoch, {r['preset']} (n = {r['n']}): {parts} GFLOP")

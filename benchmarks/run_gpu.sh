@@ -14,7 +14,7 @@ status=0
 step() { echo "== $*"; "$@" || { echo "FAILED (exit $?): $*"; status=1; }; }
 "$py" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"; print(torch.__version__, torch.cuda.get_device_name())' || exit 1
 step "$py" -m pytest -q -rs tests/test_device.py
-step "$py" benchmarks/bench_train.py --device cuda --reps 30
+step "$py" benchmarks/bench_train.py --device cuda --reps 30 --cuda-graphs
 step "$py" benchmarks/bench_batched.py --device cuda --seeds 1,10,100 --reps 10
 for preset in fb ln; do  # the two p = 113 runs of docs/results.md, trained again on the GPU
     epochs=$([ $preset = fb ] && echo 5000 || echo 15000)
