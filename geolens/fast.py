@@ -30,7 +30,7 @@ sum_e s(x_e) x_e (x) dL/dpre_e = Tab^T Q, Q [n_tab, Dm] the transposed MLP-input
 row, the bag-weighted sum of dL/dpre over the examples reading it), then N2's gain, centring and
 offset. Learned attention: dL/dx = N2's backward of dL/dy + dL/dpre @ W_in^T (dense) goes back onto
 the table rows and the attention weights by grouping the (example, key) pairs per token row into
-equal-size chunks (two small bmm's and one index_add). Uniform attention needs no dL/dp, so the
+equal-size chunks (two small bmm's and segment sums, no atomics: deterministic on CUDA too). Uniform attention needs no dL/dp, so the
 [B, Dm] x [Dm, D] matmul is skipped: dL/dx = A + s(x) * dL/dpre @ Wt^T, A = N2's backward of
 dL/dy minus s(x) c n (n N2's normalised input, c = <dL/dpre, pre - k> / D for LayerNorm/RMSNorm,
 <dL/dpre, pre - k> for the sphere, the dots <Tab2 row, dL/dpre> coming from the MLP-input bag's
@@ -196,6 +196,14 @@ def _norm_bwd(kind: str, g: Float[Tensor, "M B d"], saved, w: Tensor | None, b: 
 
 
 # ---- token-dependent indices (cached per list of tokens tensors) --------------------------------
+def _segments(rows: Tensor, n_rows: int) -> tuple[Tensor, Tensor]:
+    """(order, offsets): the entries of `rows` [N] sorted by row, and where each of the n_rows rows'
+    entries start, so F.embedding_bag(order, values, offsets, mode='sum') sums values [N, k] per row
+    (a deterministic scatter-add, unlike index_add_ on CUDA)."""
+    counts = torch.bincount(rows, minlength=n_rows)
+    return torch.argsort(rows, stable=True), torch.cumsum(counts, 0) - counts
+
+
 class _Plan:
     """Everything about the members' token tensors (each [B, 3]) that depends only on the tokens.
 
@@ -233,18 +241,16 @@ class _Plan:
                                torch.full_like(a, 2 * V * H)[..., None]), -1)
             self.rows = torch.cat(((a + members * (2 * V)).view(-1), (b + members * (2 * V)).view(-1)))
             self.sc_rows = torch.cat(((a + members * (2 * V + 1)).view(-1), (b + members * (2 * V + 1)).view(-1)))
+            self.sc_order, self.sc_offsets = _segments(self.sc_rows, M * (2 * V + 1))
             self._chunks = None
         n = local.shape[-1]
         self.idx = (local + (members * self.n_tab)[..., None]).view(M * B, n)
         self._slot_bags = None
         k_rows = (M * self.n_tab + members).expand(M, B)[..., None]
         self.idx2 = torch.cat((self.idx.view(M, B, n), k_rows), -1).view(M * B, n + 1)
-        flat = self.idx.view(-1)
-        order = torch.argsort(flat, stable=True)
+        order, self.t_offsets = _segments(self.idx.view(-1), M * self.n_tab)
         self.t_src = torch.div(order, n, rounding_mode="floor")
         self.t_w2 = self.t_src * (n + 1) + order % n
-        counts = torch.bincount(flat, minlength=M * self.n_tab)
-        self.t_offsets = torch.cumsum(counts, 0) - counts
 
     def slot_bags(self):
         """(offsets, bag of each entry) of idx as a flat bag (for the per-sample-weight gradient)."""
@@ -256,8 +262,9 @@ class _Plan:
 
     def chunks(self):
         """(members [n_chunks*c] entry ids (padding 2MB), ex [n_chunks*c] example ids (padding 0),
-        chunk_row [n_chunks], slot [2MB], (n_chunks, c)): entries grouped by token row into chunks of
-        c, chosen to keep both the padding and the number of chunks small."""
+        chunk_row [n_chunks] (sorted), row_offsets [M*2V] where each token row's chunks start, slot
+        [2MB], (n_chunks, c)): entries grouped by token row into chunks of c, chosen to keep both the
+        padding and the number of chunks small."""
         if self._chunks is None:
             rows, N, n_rows = self.rows, self.rows.shape[0], 2 * self.V * self.M
             counts = torch.bincount(rows, minlength=n_rows)
@@ -282,7 +289,7 @@ class _Plan:
             slot[order] = pos
             ex = torch.where(members < N, members % (N // 2), 0)
             chunk_row = torch.repeat_interleave(torch.arange(n_rows, device=rows.device), n_ch)
-            self._chunks = (members, ex, chunk_row, slot, (n_chunks, c))
+            self._chunks = (members, ex, chunk_row, torch.cumsum(n_ch, 0) - n_ch, slot, (n_chunks, c))
         return self._chunks
 
 
@@ -496,12 +503,13 @@ class _Body(torch.autograd.Function):
             g_x, g_w2, g_b2 = _norm_bwd(spec.norm, g_h, ctx.st2, w2, b2, need[7], need[8])
             g_x = g_x.reshape(MB, D)
             # x = sum of the bag's weighted Tab rows, grouped per token row
-            members, ex, chunk_row, slot, shape = plan.chunks()
+            members, ex, chunk_row, row_offsets, slot, shape = plan.chunks()
             G = g_x.index_select(0, ex).view(*shape, D)  # [n_chunks, c, D] rows of g_x per token row
             pw = torch.cat((p[:, 0], p[:, 1], p.new_zeros(1, H))).index_select(0, members).view(*shape, H)
             part = torch.bmm(pw.transpose(1, 2), G)  # [n_chunks, H, D]
-            g_rows = torch.zeros(M * 2 * V, H, D, dtype=Tab.dtype, device=Tab.device)  # per token row r
-            g_rows.index_add_(0, chunk_row, part)
+            # per token row r, the sum of its chunks' parts (a segment sum: deterministic on CUDA too)
+            g_rows = F.embedding_bag(torch.arange(shape[0], device=part.device), part.view(shape[0], H * D),
+                                     row_offsets, mode="sum")
             g_Tab = torch.cat((g_rows.view(M, 2 * V, H, D).transpose(1, 2).reshape(M, H * 2 * V, D),
                                g_x.view(M, B, D).sum(1, keepdim=True)), 1)
             if need[2]:
@@ -513,8 +521,8 @@ class _Body(torch.autograd.Function):
                 p0, p1, p2 = p.unbind(1)
                 g_p0, g_p1 = g_pk[:MB], g_pk[MB:]
                 dot = p0 * g_p0 + p1 * g_p1
-                g_Sc = torch.zeros((M, 2 * V + 1, H), dtype=dot.dtype, device=dot.device)
-                g_Sc.view(-1, H).index_add_(0, plan.sc_rows, torch.cat((p0 * (g_p0 - dot), p1 * (g_p1 - dot))))
+                per_key = torch.cat((p0 * (g_p0 - dot), p1 * (g_p1 - dot)))  # [2MB, H], rows sc_rows of g_Sc
+                g_Sc = F.embedding_bag(plan.sc_order, per_key, plan.sc_offsets, mode="sum").view(M, 2 * V + 1, H)
                 g_Sc[:, 2 * V] = (p2 * dot).view(M, B, H).sum(1).neg_()
         return (None, None, g_Sc, g_Tab, None, g_W_in, g_b_in, g_w2, g_b2, g_W_out, g_b_out, g_w3, g_b3, g_Wr, None,
                 None)

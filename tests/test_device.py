@@ -1,6 +1,7 @@
 """Training on a device (cfg.device): validation and clear refusals everywhere; on a CUDA machine
 (these tests are skipped without one) the fast path equals the hooked model there, a CUDA run
-follows the CPU run, a CPU run resumes on the GPU, and every run stays readable on the CPU."""
+follows the CPU run and is bit-reproducible, a CPU run resumes on the GPU, and every run stays
+readable on the CPU."""
 
 import pytest
 import torch
@@ -97,3 +98,20 @@ def test_a_cpu_run_resumes_on_cuda(tmp_path):
     assert result.rows[-1]["epoch"] == 40
     run = load_run(tmp_path / "r")
     assert run.config.device == "cuda" and run.steps[-1] == 40
+
+
+@cuda
+def test_cuda_training_is_bit_reproducible(tmp_path):
+    """The fast backward's scatter-adds are segment sums (no atomics), so one seed gives one run."""
+    cfg = make_config("fb", p=113, epochs=60, eval_every=10, checkpoints="every:30", seed=1, device="cuda")
+    runs = []
+    for name in ("a", "b"):
+        training.train(cfg, tmp_path / name, progress=False)
+        train_batched([cfg.replace(seed=s, data_seed=s) for s in (1, 2)],
+                      [tmp_path / f"{name}_s1", tmp_path / f"{name}_s2"], progress=False)
+        runs.append([load_run(tmp_path / f"{name}{suffix}") for suffix in ("", "_s1", "_s2")])
+    for a, b in zip(*runs):
+        assert [{k: v for k, v in r.items() if k != "elapsed_s"} for r in a.metrics] == \
+               [{k: v for k, v in r.items() if k != "elapsed_s"} for r in b.metrics]
+        wa, wb = a.model_at(60).state_dict(), b.model_at(60).state_dict()
+        assert all(torch.equal(wa[k], wb[k]) for k in wa)
