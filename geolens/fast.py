@@ -30,15 +30,15 @@ sum_e s(x_e) x_e (x) dL/dpre_e = Tab^T Q, Q [n_tab, Dm] the transposed MLP-input
 row, the bag-weighted sum of dL/dpre over the examples reading it), then N2's gain, centring and
 offset. Learned attention: dL/dx = N2's backward of dL/dy + dL/dpre @ W_in^T (dense) goes back onto
 the table rows and the attention weights by grouping the (example, key) pairs per token row into
-equal-size chunks (two small bmm's and segment sums, no atomics: deterministic on CUDA too). Uniform attention needs no dL/dp, so the
-[B, Dm] x [Dm, D] matmul is skipped: dL/dx = A + s(x) * dL/dpre @ Wt^T, A = N2's backward of
-dL/dy minus s(x) c n (n N2's normalised input, c = <dL/dpre, pre - k> / D for LayerNorm/RMSNorm,
-<dL/dpre, pre - k> for the sphere, the dots <Tab2 row, dL/dpre> coming from the MLP-input bag's
-per-sample-weight gradient), so dL/dTab = bag^T(A) + Q @ Wt^T, and N2's gain and offset get
-sum_j W_in[d, j] (Tab^T Q)[d, j] and W_in @ dL/db_in on top. Autograd carries the table
-gradients on to W_E, W_pos, N1, W_Q, W_K, W_V, W_O. Causal and non-causal models share this path
-(the mask never touches the `=` query); in uniform mode W_Q and W_K stay out of the graph (grad
-None), as in the hooked model. The hooked GeoTransformer stays the source of truth:
+equal-size chunks (two small bmm's and segment sums: no atomics, so deterministic on CUDA too).
+Uniform attention needs no dL/dp, so the [B, Dm] x [Dm, D] matmul is skipped: dL/dx = A + s(x) *
+dL/dpre @ Wt^T, A = N2's backward of dL/dy minus s(x) c n (n N2's normalised input, c = <dL/dpre,
+pre - k> / D for LayerNorm/RMSNorm, <dL/dpre, pre - k> for the sphere, the dots <Tab2 row, dL/dpre>
+coming from the MLP-input bag's per-sample-weight gradient), so dL/dTab = bag^T(A) + Q @ Wt^T, and
+N2's gain and offset get sum_j W_in[d, j] (Tab^T Q)[d, j] and W_in @ dL/db_in on top. Autograd
+carries the table gradients on to W_E, W_pos, N1, W_Q, W_K, W_V, W_O. Causal and non-causal models
+share this path (the mask never touches the `=` query); in uniform mode W_Q and W_K stay out of the
+graph (grad None), as in the hooked model. The hooked GeoTransformer stays the source of truth:
 tests/test_fast.py checks logits and every parameter gradient against it.
 
 Members: every tensor carries a leading member dimension M. `stacked_fast_logits` runs M models
