@@ -69,7 +69,7 @@ def test_stacked_members_on_cuda_equal_their_single_runs():
         m.zero_grad(set_to_none=True)
         single = F.cross_entropy(m(xi), yi)
         single.backward()
-        assert abs(float(single) - float(loss)) <= 1e-5 * abs(float(single))
+        assert abs(single.item() - loss.item()) <= 1e-5 * abs(single.item())
         for n, p in m.named_parameters():
             assert float((grads[n] - p.grad).norm()) <= 1e-4 * float(p.grad.norm()) + 1e-7, n
 
