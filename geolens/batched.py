@@ -19,7 +19,6 @@ done (the batch ends when the last member stops).
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from geolens.train import (
     early_stop_due,
     finish_run,
     make_optimizer,
+    metrics_row,
     onset_events,
     optimizer_tensors,
     run_header,
@@ -191,17 +191,5 @@ def _evaluate(forward, models, epoch, losses, logits, train_y, test_x, test_y, e
                          (test_logits.argmax(-1) == test_y).float().mean(1),
                          torch.maximum(logits.abs().flatten(1).amax(1), test_logits.abs().flatten(1).amax(1))], 1)
     norms = torch.stack([squared_norms(m) for m in models]).tolist()  # [S][2][n_params]
-    return [
-        {
-            "epoch": epoch,
-            "train_loss": train_loss,
-            "train_acc": train_acc,
-            "test_loss": test_loss,
-            "test_acc": test_acc,
-            "weight_norm": math.sqrt(sum(w_sq)),
-            "grad_norm": math.sqrt(sum(g_sq)),
-            "max_abs_logit": max_logit,
-            "elapsed_s": elapsed,
-        }
-        for (train_loss, train_acc, test_loss, test_acc, max_logit), (w_sq, g_sq) in zip(stats.tolist(), norms)
-    ]
+    return [metrics_row(epoch, member_stats, member_norms, elapsed)
+            for member_stats, member_norms in zip(stats.tolist(), norms)]

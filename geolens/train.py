@@ -254,7 +254,14 @@ def _evaluate(model, forward, epoch, loss, logits, train_y, test_x, test_y, elap
     stats = torch.stack([loss.detach(), (logits.argmax(-1) == train_y).float().mean(), F.cross_entropy(test_logits, test_y),
                          (test_logits.argmax(-1) == test_y).float().mean(),
                          torch.maximum(logits.abs().max(), test_logits.abs().max())])
-    (train_loss, train_acc, test_loss, test_acc, max_logit), (w_sq, g_sq) = stats.tolist(), squared_norms(model).tolist()
+    return metrics_row(epoch, stats.tolist(), squared_norms(model).tolist(), elapsed)
+
+
+def metrics_row(epoch: int, stats: list[float], norms: list[list[float]], elapsed: float) -> dict:
+    """A metrics.csv row from stats (train loss, train acc, test loss, test acc, max |logit|) and
+    norms (squared_norms: the parameters' and the gradients' squared norms)."""
+    train_loss, train_acc, test_loss, test_acc, max_logit = stats
+    w_sq, g_sq = norms
     return {
         "epoch": epoch,
         "train_loss": train_loss,
