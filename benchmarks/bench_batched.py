@@ -18,6 +18,7 @@ shared machine are noisy: compare the ratios printed in one run.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -29,7 +30,7 @@ from geolens.config import make_config
 from geolens.fast import fast_logits
 from geolens.model import GeoTransformer
 from geolens.tasks import make_dataset
-from geolens.train import make_optimizer
+from geolens.train import make_optimizer, synchronize
 
 
 def single_step(preset: str, device: torch.device):
@@ -71,7 +72,7 @@ def batched_step(preset: str, engine: str, n_seeds: int, device: torch.device):
 
 def interleaved_medians(steps: dict[str, object], reps: int, device: torch.device) -> dict[str, float]:
     """Median seconds per step of each entry: one untimed round, then `reps` rounds of one step each, interleaved."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync = functools.partial(synchronize, device)
     times: dict[str, list[float]] = {k: [] for k in steps}
     for r in range(reps + 1):
         for key, step in steps.items():

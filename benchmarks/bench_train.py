@@ -22,6 +22,7 @@ and checked to give the same logits before anything is timed.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import platform
@@ -37,7 +38,7 @@ from geolens.config import make_config
 from geolens.fast import fast_flops, fast_logits
 from geolens.model import GeoTransformer
 from geolens.tasks import make_dataset
-from geolens.train import make_optimizer
+from geolens.train import make_optimizer, synchronize
 
 
 # ---- (a) the straightforward implementation -------------------------------------------------------
@@ -141,11 +142,6 @@ def make_step(forward, opt, x, y):
     return step
 
 
-def synchronizer(device: torch.device):
-    """A function that waits for the device's queued work (a no-op on the CPU)."""
-    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-
 def cuda_graph(step):
     """`step` (static tensors, no host syncs) captured once in a CUDA graph; returns its replay."""
     side = torch.cuda.Stream()
@@ -165,14 +161,12 @@ def graphed_fast_step(cfg, hooked: GeoTransformer, x, y):
     backward, capturable fused AdamW) is replayed from one CUDA graph."""
     model = GeoTransformer(cfg).to(x.device)
     model.load_state_dict(hooked.state_dict())
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
-                            fused=True, capturable=True)
-    return cuda_graph(make_step(lambda t: fast_logits(model, t), opt, x, y))
+    return cuda_graph(make_step(lambda t: fast_logits(model, t), make_optimizer(model, capturable=True), x, y))
 
 
 def matmul_gflops(reps: int, device: torch.device) -> tuple[float, float]:
     """Median GFLOP/s of a plain [3830, 128] @ [128, 512] float32 matmul and of a 1024^3 one."""
-    sync, out = synchronizer(device), []
+    sync, out = functools.partial(synchronize, device), []
     for m, k, n in ((3830, 128, 512), (1024, 1024, 1024)):
         a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
         for _ in range(3):
@@ -211,7 +205,7 @@ def bench_preset(preset: str, p: int, reps: int, device: torch.device, graphs: b
         "hooked": make_step(hooked, make_optimizer(hooked), x, y),
         "fast": make_step(lambda t: fast_logits(fast_model, t), make_optimizer(fast_model), x, y),
     }
-    sync = synchronizer(device)
+    sync = functools.partial(synchronize, device)
     for step in engines.values():
         step()
         step()

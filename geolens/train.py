@@ -122,13 +122,13 @@ def load_optimizer_tensors(model: GeoTransformer, opt: torch.optim.Optimizer, te
             opt.state[param] = state
 
 
-def make_optimizer(model: GeoTransformer) -> torch.optim.AdamW:
+def make_optimizer(model: GeoTransformer, capturable: bool = False) -> torch.optim.AdamW:
     """AdamW with the config's hyperparameters, fused (one kernel for all parameters; deterministic,
-    so a resumed run still equals an uninterrupted one bit for bit)."""
+    so a resumed run still equals an uninterrupted one bit for bit); capturable: its step can be
+    recorded in a CUDA graph."""
     cfg = model.cfg
-    return torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, fused=True
-    )
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             weight_decay=cfg.weight_decay, fused=True, capturable=capturable)
 
 
 # ---- the loop --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from geolens.model import GeoTransformer
 from geolens.run import load_run
 from geolens.tasks import make_dataset
 from test_fast import _assert_close, _compare, _config, _trained_looking
+from test_train import _strip
 
 TINY = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, lr=1e-3)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -111,7 +112,6 @@ def test_cuda_training_is_bit_reproducible(tmp_path):
                       [tmp_path / f"{name}_s1", tmp_path / f"{name}_s2"], progress=False)
         runs.append([load_run(tmp_path / f"{name}{suffix}") for suffix in ("", "_s1", "_s2")])
     for a, b in zip(*runs):
-        assert [{k: v for k, v in r.items() if k != "elapsed_s"} for r in a.metrics] == \
-               [{k: v for k, v in r.items() if k != "elapsed_s"} for r in b.metrics]
+        assert _strip(a.metrics) == _strip(b.metrics)
         wa, wb = a.model_at(60).state_dict(), b.model_at(60).state_dict()
         assert all(torch.equal(wa[k], wb[k]) for k in wa)
