@@ -24,18 +24,18 @@ where s(x) is N2's row scale (rstd, 1/||x||) and Wt = N2's gain * W_in (row-cent
 LayerNorm), k = N2's offset @ W_in + b_in: so `pre` is a second embedding bag over the rows
 Tab2 = Tab @ Wt (weights scaled by s(x)) instead of a [B, D] x [D, Dm] matmul.
 
-Backward: dense matmuls for the readout and the MLP (dL/dpre, dL/dW_out, dL/dh). dL/dW_in =
+Backward: dense matmuls for the readout and the MLP (dL/dpre, dL/dW_out). dL/dW_in =
 sum_e N2(x_e) (x) dL/dpre_e comes from the table rows instead of a [Dm, B] x [B, D] matmul:
 sum_e s(x_e) x_e (x) dL/dpre_e = Tab^T Q, Q [n_tab, Dm] the transposed MLP-input bag (per table
 row, the bag-weighted sum of dL/dpre over the examples reading it), then N2's gain, centring and
-offset. Learned attention: dL/dx = N2's backward of dL/dy + dL/dpre @ W_in^T (dense) goes back onto
-the table rows and the attention weights by grouping the (example, key) pairs per token row into
-equal-size chunks (two small bmm's and segment sums: no atomics, so deterministic on CUDA too).
-Uniform attention needs no dL/dp, so the [B, Dm] x [Dm, D] matmul is skipped: dL/dx = A + s(x) *
-dL/dpre @ Wt^T, A = N2's backward of dL/dy minus s(x) c n (n N2's normalised input, c = <dL/dpre,
-pre - k> / D for LayerNorm/RMSNorm, <dL/dpre, pre - k> for the sphere, the dots <Tab2 row, dL/dpre>
-coming from the MLP-input bag's per-sample-weight gradient), so dL/dTab = bag^T(A) + Q @ Wt^T, and
-N2's gain and offset get sum_j W_in[d, j] (Tab^T Q)[d, j] and W_in @ dL/db_in on top. Autograd
+offset. dL/dx = A + s(x) dL/dpre @ Wt^T is never formed, so there is no [B, Dm] x [Dm, D] matmul:
+A = N2's backward of dL/dy minus s(x) c n (n N2's normalised input, c = <dL/dpre, pre - k> / D for
+LayerNorm/RMSNorm, <dL/dpre, pre - k> for the sphere, from the dots <Tab2 row, dL/dpre> that are
+the MLP-input bag's per-sample-weight gradient). The table rows get dL/dTab = bag^T(A) + Q @ Wt^T
+(bag^T the x bag transposed, with its weights), the attention weights of the x bag get
+<Tab row, A> + s(x) <Tab2 row, dL/dpre> (then the softmax backward, and segment sums onto the
+score rows: no atomics, so deterministic on CUDA too), and N2's gain and offset get
+sum_j W_in[d, j] (Tab^T Q)[d, j] and W_in @ dL/db_in on top. Autograd
 carries the table gradients on to W_E, W_pos, N1, W_Q, W_K, W_V, W_O. Causal and non-causal models
 share this path (the mask never touches the `=` query); in uniform mode W_Q and W_K stay out of the
 graph (grad None), as in the hooked model. The hooked GeoTransformer stays the source of truth:
@@ -94,30 +94,34 @@ def fast_unsupported_reason(cfg: GeoConfig) -> str | None:
 def fast_flops(cfg: GeoConfig, n_examples: int, backward: bool = True) -> dict[str, int]:
     """FLOPs (2 x multiply-adds) of the matmul-like work of one member's fast forward (+ backward).
 
-    'dense': per-example matmuls: forward relu(pre) @ W_out and h3 @ Wr; backward two per forward
-    matmul plus (learned attention only) dL/dpre @ W_in^T. 'bags': the embedding bags (forward: rows
-    of d_model into x, rows of d_mlp into pre; backward: the transposed bags into Q and dL/dTab, and
-    dL/dp = <key row, dL/dx>; uniform: <Tab2 row, dL/dpre> per slot). 'tables': per-token table
-    matmuls (x3 for those with gradients when backward), Tab^T Q and (uniform) Q @ Wt^T.
-    Elementwise work is not counted.
+    'dense': per-example matmuls: forward relu(pre) @ W_out and h3 @ Wr, backward two per forward
+    matmul. 'bags': the embedding bags (forward: rows of d_model into x, rows of d_mlp into pre;
+    backward: the transposed bags into Q and dL/dTab, the dots <Tab2 row, dL/dpre> per slot (unless
+    norm 'none' with uniform attention) and, learned attention, <Tab row, A> per slot). 'tables':
+    per-token table matmuls (x3 for those with gradients when backward), Tab2 and, when backward,
+    Tab^T Q and Q @ Wt^T (learned attention: per head through Vh and W_O @ Wt). Elementwise work is
+    not counted.
     """
     B, D, Dm, C, H, dh = n_examples, cfg.d_model, cfg.d_mlp, cfg.d_vocab_out, cfg.n_heads, cfg.d_head
-    R = 2 * cfg.d_vocab + 1
+    V2, R = 2 * cfg.d_vocab, 2 * cfg.d_vocab + 1
     uniform = cfg.attention == "uniform"
     mult = 3 if backward else 1
-    dense = 2 * B * (Dm * D + D * C) * mult + (2 * B * D * Dm if backward and not uniform else 0)
+    dense = 2 * B * (Dm * D + D * C) * mult
     slots = 3 if uniform else 2 * H + 1
     bags = 2 * B * slots * D + 2 * B * (slots + 1) * Dm
     if backward:
-        bags += 2 * B * slots * (Dm + D) + (2 * B * slots * Dm if uniform else 2 * B * 2 * H * D)
-    n_tab = R if uniform else (R - 1) * H + 1
+        bags += 2 * B * slots * (Dm + D)
+        bags += 2 * B * slots * Dm if (cfg.norm != "none" or not uniform) else 0
+        bags += 2 * B * slots * D if not uniform else 0
     if uniform:
         grad_tables = R * D * D + H * dh * D * D
-        mlp_table = R * D * Dm
+        mlp_table = R * D * Dm  # Tab @ Wt
+        mlp_backward = 2 * R * D * Dm  # Tab^T Q, Q @ Wt^T
     else:
         grad_tables = R * D * H * dh + R * H * dh * D + R * D * H + 2 * D * H * dh
-        mlp_table = H * dh * D * Dm + R * H * dh * Dm
-    tables = 2 * (mult * grad_tables + mlp_table + D * Dm) + (2 * n_tab * D * Dm * (2 if uniform else 1) if backward else 0)
+        mlp_table = H * dh * D * Dm + V2 * H * dh * Dm + D * Dm  # W_O @ Wt, Vh @ (W_O @ Wt), constant row
+        mlp_backward = 2 * V2 * H * dh * Dm + 2 * H * dh * D * Dm + 2 * D * Dm  # Vh^T Q, Q (W_O Wt)^T; W_O^T, Wt^T
+    tables = 2 * (mult * grad_tables + mlp_table + D * Dm) + (2 * mlp_backward if backward else 0)
     return {"dense": dense, "bags": bags, "tables": tables}
 
 
@@ -215,12 +219,12 @@ class _Plan:
     idx [M*B, n]: the x bag's slots. Learned: h*2V + a for h < H, then h*2V + V + b, then the
     constant row 2V*H (n = 2H + 1); uniform: a, V + b, 2V (n = 3).
     idx2 [M*B, n + 1]: idx, then member m's k row M*n_tab + m (the MLP-input bag over Tab2).
-    Transposed bag (dL/dW_in): t_src [M*B*n] the example of each idx entry, sorted by table row;
-    t_offsets [M*n_tab] where each table row's entries start; t_w2 the entries' flat positions in
-    a [M*B, n + 1] weight tensor.
-    Learned only: entries j < 2MB are (position 0 of example j) and (position 1 of example
-    j - MB), rows [2MB] their token rows in [0, M*2V) (member offset m*2V), sc_rows the same rows
-    of the score tables; chunks() groups them per token row for the backward.
+    Transposed bags (dL/dW_in, dL/dTab): t_src [M*B*n] the example of each idx entry, sorted by
+    table row; t_offsets [M*n_tab] where each table row's entries start; t_w, t_w2 the entries'
+    flat positions in a [M*B, n] and a [M*B, n + 1] weight tensor.
+    Learned only: sc_rows [2MB] the score-table rows of (position 0 of example j) for j < MB, then
+    of (position 1 of example j - MB) (member offset m*(2V + 1)); sc_order, sc_offsets group them
+    per row (_segments).
     """
 
     def __init__(self, tokens: list[Tensor], V: int, H: int, uniform: bool):
@@ -239,10 +243,8 @@ class _Plan:
             heads = torch.arange(H, device=dev)
             local = torch.cat((heads * (2 * V) + a[..., None], heads * (2 * V) + b[..., None],
                                torch.full_like(a, 2 * V * H)[..., None]), -1)
-            self.rows = torch.cat(((a + members * (2 * V)).view(-1), (b + members * (2 * V)).view(-1)))
             self.sc_rows = torch.cat(((a + members * (2 * V + 1)).view(-1), (b + members * (2 * V + 1)).view(-1)))
             self.sc_order, self.sc_offsets = _segments(self.sc_rows, M * (2 * V + 1))
-            self._chunks = None
         n = local.shape[-1]
         self.idx = (local + (members * self.n_tab)[..., None]).view(M * B, n)
         self._slot_bags = None
@@ -250,6 +252,7 @@ class _Plan:
         self.idx2 = torch.cat((self.idx.view(M, B, n), k_rows), -1).view(M * B, n + 1)
         order, self.t_offsets = _segments(self.idx.view(-1), M * self.n_tab)
         self.t_src = torch.div(order, n, rounding_mode="floor")
+        self.t_w = order
         self.t_w2 = self.t_src * (n + 1) + order % n
 
     def slot_bags(self):
@@ -259,38 +262,6 @@ class _Plan:
             bags = torch.arange(self.M * self.B, device=self.idx.device)
             self._slot_bags = (bags * n, bags.repeat_interleave(n))
         return self._slot_bags
-
-    def chunks(self):
-        """(members [n_chunks*c] entry ids (padding 2MB), ex [n_chunks*c] example ids (padding 0),
-        chunk_row [n_chunks] (sorted), row_offsets [M*2V] where each token row's chunks start, slot
-        [2MB], (n_chunks, c)): entries grouped by token row into chunks of c, chosen to keep both the
-        padding and the number of chunks small."""
-        if self._chunks is None:
-            rows, N, n_rows = self.rows, self.rows.shape[0], 2 * self.V * self.M
-            counts = torch.bincount(rows, minlength=n_rows)
-            n_max = int(counts.max())
-            best = None
-            for cand in sorted({n_max, 8, 16, 24, 32, 48, 64, 96}):
-                if cand <= n_max:
-                    n_ch = int(((counts + (cand - 1)) // cand).sum())
-                    cost = n_ch * (cand + 3 * self.H)  # entries gathered + table rows gathered/accumulated
-                    if best is None or cost < best[0]:
-                        best = (cost, cand)
-            c = best[1]
-            n_ch = (counts + (c - 1)) // c
-            order = torch.argsort(rows, stable=True)
-            srows = rows[order]
-            rank = torch.arange(N, device=rows.device) - (torch.cumsum(counts, 0) - counts)[srows]
-            pos = ((torch.cumsum(n_ch, 0) - n_ch)[srows] + torch.div(rank, c, rounding_mode="floor")) * c + rank % c
-            n_chunks = int(n_ch.sum())
-            members = torch.full((n_chunks * c,), N, dtype=torch.long, device=rows.device)
-            members[pos] = order
-            slot = torch.empty_like(pos)
-            slot[order] = pos
-            ex = torch.where(members < N, members % (N // 2), 0)
-            chunk_row = torch.repeat_interleave(torch.arange(n_rows, device=rows.device), n_ch)
-            self._chunks = (members, ex, chunk_row, torch.cumsum(n_ch, 0) - n_ch, slot, (n_chunks, c))
-        return self._chunks
 
 
 _PLANS: dict[tuple, tuple] = {}
@@ -347,6 +318,7 @@ class _Forward:
     """Per-example values of the fast forward (M members x B examples; shapes in _forward_body)."""
 
     p: Tensor | None
+    wx: Tensor | None
     x: Tensor
     h: Tensor
     a2: Tensor | None
@@ -361,7 +333,7 @@ class _Forward:
 
     def rows(self, idx: Tensor) -> "_Forward":
         """The same values for examples idx [k] of a one-member forward (every per-example tensor
-        gathered: [1, B, ...] along dim 1, p and w_pre [B, ...] along dim 0)."""
+        gathered: [1, B, ...] along dim 1, p, wx and w_pre [B, ...] along dim 0)."""
 
         def take(t, dim):
             if t is None:
@@ -370,14 +342,15 @@ class _Forward:
                 return tuple(take(u, dim) for u in t)
             return t.index_select(dim, idx)
 
-        return _Forward(*(take(getattr(self, f.name), 0 if f.name in ("p", "w_pre") else 1)
+        return _Forward(*(take(getattr(self, f.name), 0 if f.name in ("p", "wx", "w_pre") else 1)
                           for f in dataclasses.fields(self)))
 
 
 def _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr, keep_mlp_out=False) -> _Forward:
     """The per-example forward (module docstring; inputs as in _Body) from the tables.
 
-    Returns p [MB, 3, H] the `=` query's softmax over (a, b, =) (None if uniform), x [M, B, D] the
+    Returns p [MB, 3, H] the `=` query's softmax over (a, b, =) and wx [MB, 2H + 1] the x bag's
+    weights (both None if uniform), x [M, B, D] the
     residual at `=` after attention (before N2), h = N2(x), a2 N2's row scale [M, B, 1] (None for
     norm 'none') and st2 its saved state, w_pre the MLP-input bag weights, post [M, B, Dm] =
     relu(pre), mlp_out [M, B, D] (only with keep_mlp_out), h3 = N3(h + mlp_out), a3 and st3 (N3's
@@ -415,7 +388,7 @@ def _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr, k
     y = mlp_out + h if keep_mlp_out else mlp_out.add_(h)
     h3, a3, st3 = _norm_fwd(spec.norm, y, w3, b3, spec.eps)
     logits = _mm(h3, Wr)
-    return _Forward(p, x, h, a, st2, w_pre, post, mlp_out if keep_mlp_out else None, h3, a3, st3, logits)
+    return _Forward(p, wx, x, h, a, st2, w_pre, post, mlp_out if keep_mlp_out else None, h3, a3, st3, logits)
 
 
 class _Body(torch.autograd.Function):
@@ -428,22 +401,27 @@ class _Body(torch.autograd.Function):
     T[2V] + sum_h VO[2V, h] / 3; VO[r, h] = T[r] @ W_V[h] @ W_O[h]);
     Tab2 [M*n_tab + M, Dm] (no grad): the members' Tab @ Wt rows, then their k rows;
     W_in [M, D, Dm], b_in [M, Dm]; w2, b2 (N2 params [M, D] or None); W_out [M, Dm, D];
-    b_out [M, D]; w3, b3 (N3 params or None); Wr [M, D, C]; given: None, or the _Forward of exactly
-    these inputs and parameter values, used instead of recomputing it. Output: logits [M, B, C].
+    b_out [M, D]; w3, b3 (N3 params or None); Wr [M, D, C]; Wt [M, D, Dm] (no grad); learned
+    attention only (else None): Vh [M*H, 2V, dh] and W_O [M, H, dh, D] (Tab's token rows are
+    Vh[h] @ W_O[h]: the backward sends the Q @ Wt^T part of their gradient straight to these) and
+    WOt [M*H, dh, Dm] = W_O[h] @ Wt (no grad); given: None, or the _Forward of exactly these inputs
+    and parameter values, used instead of recomputing it. Output: logits [M, B, C].
     """
 
     @staticmethod
-    def forward(ctx, plan, spec, Sc, Tab, Tab2, W_in, b_in, w2, b2, W_out, b_out, w3, b3, Wr, Wt, given=None):
+    def forward(ctx, plan, spec, Sc, Tab, Tab2, W_in, b_in, w2, b2, W_out, b_out, w3, b3, Wr, Wt, Vh, W_O, WOt,
+                given=None):
         f = given if given is not None else _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr)
         ctx.plan, ctx.spec = plan, spec
         ctx.st2, ctx.st3, ctx.a2 = f.st2, f.st3, f.a2
-        ctx.save_for_backward(Tab, Tab2, Wt, f.p, f.w_pre, f.post, f.h3, W_in, W_out, w2, b2, w3, b3, Wr)
+        ctx.save_for_backward(Tab, Tab2, Wt, f.p, f.wx, f.w_pre, f.post, f.h3, W_in, W_out, w2, b2, w3, b3, Wr, Vh,
+                              W_O, WOt)
         return f.logits
 
     @staticmethod
     def backward(ctx, g_logits):
         plan, spec = ctx.plan, ctx.spec
-        Tab, Tab2, Wt, p, w_pre, post, h3, W_in, W_out, w2, b2, w3, b3, Wr = ctx.saved_tensors
+        Tab, Tab2, Wt, p, wx, w_pre, post, h3, W_in, W_out, w2, b2, w3, b3, Wr, Vh, W_O, WOt = ctx.saved_tensors
         need = ctx.needs_input_grad
         M, B, H, V = plan.M, plan.B, spec.n_heads, spec.d_vocab
         D, Dm, n_tab = Tab.shape[-1], post.shape[-1], plan.n_tab
@@ -461,77 +439,90 @@ class _Body(torch.autograd.Function):
         # MLP-input bag: per table row, the sum of a_e * weight * g_pre_e over the entries reading it
         Q = F.embedding_bag(plan.t_src, g_pre.view(MB, Dm), plan.t_offsets, mode="sum",
                             per_sample_weights=None if w_pre is None else w_pre.view(-1)[plan.t_w2]).view(M, n_tab, Dm)
-        if spec.norm == "layernorm":  # N2(x) = rstd * (x - mean) * w2 + b2: centre the rows
-            g_W_in_n = torch.bmm((Tab - Tab.mean(-1, keepdim=True)).transpose(1, 2), Q)  # sum_e n_e (x) g_pre_e
+        g_Vh = g_W_O = None
+        if Vh is None:
+            g_W_in_n = torch.bmm(Tab.transpose(1, 2), Q)  # Tab^T Q [M, D, Dm]
+        else:  # per head: VOrel[h]^T Q[h] = W_O[h]^T (Vh[h]^T Q[h]), plus the constant row's part
+            Qt, Qc = Q[:, :-1].reshape(M * H, 2 * V, Dm), Q[:, -1:]
+            VQ = torch.bmm(Vh.transpose(1, 2), Qt).view(M, -1, Dm)  # [M, H*dh, Dm]
+            g_W_in_n = torch.baddbmm(torch.bmm(Tab[:, -1:].transpose(1, 2), Qc), W_O.reshape(M, -1, D).transpose(1, 2), VQ)
+            # and the Q @ Wt^T part of dL/dTab's token rows goes straight to Vh and W_O
+            g_Vh = torch.bmm(Qt, WOt.transpose(1, 2)) if need[15] else None
+            g_W_O = torch.bmm(VQ, Wt.transpose(1, 2)).view(W_O.shape) if need[16] else None
+        if spec.norm == "layernorm":  # N2(x) = rstd * (x - mean) * w2 + b2: centre the rows (sum_e n_e (x) g_pre_e)
+            g_W_in_n = g_W_in_n - g_W_in_n.mean(1, keepdim=True)
             g_W_in = torch.addcmul(b2[:, :, None] * g_b_in[:, None], w2[:, :, None], g_W_in_n)
         else:
-            g_W_in_n = torch.bmm(Tab.transpose(1, 2), Q)
             g_W_in = g_W_in_n if w2 is None else g_W_in_n * w2[:, :, None]
-        g_Sc = None
-        if spec.uniform:
-            # no dL/dp needed, so dL/dx = A + a * g_pre @ Wt^T never forms its second part per example:
-            # A = N2's backward of g_y, plus N2's own term along its normalised input n, of size
-            # <g_pre, pre - k> = a <g_pre, x @ Wt> (sphere: a dot; LayerNorm/RMSNorm: a mean), and the
-            # table rows get bag^T(A) + Q @ Wt^T
-            A, g_w2, g_b2 = _norm_bwd(spec.norm, g_y, ctx.st2, w2, b2, need[7], need[8])
-            a2 = ctx.a2
-            if a2 is not None:
-                # <Tab2[r], g_pre_e> per slot: the MLP-input bag's per-sample-weight gradient
-                n = plan.idx.shape[1]
-                dots = torch.ops.aten._embedding_bag_per_sample_weights_backward(
-                    g_pre.view(MB, Dm), Tab2, plan.idx.view(-1), *plan.slot_bags(), 0, -1).view(MB, n)
-                dpk = torch.linalg.vecdot(w_pre[:, :n], dots).view(M, B, 1)
-                if spec.norm == "sphere":
-                    nvec, unclamped = ctx.st2[0], ctx.st2[2]
-                    coef = dpk.mul_(a2).mul_(unclamped)
-                elif spec.norm == "layernorm":
-                    x_, mean, rstd = ctx.st2
-                    nvec, coef = (x_ - mean).mul_(rstd), dpk.mul_(a2).mul_(1.0 / D)
-                else:
-                    nvec, coef = ctx.st2[0], dpk.mul_(a2).mul_(1.0 / D)
-                A = A.addcmul_(nvec, coef, value=-1.0)
-            if g_w2 is not None:  # N2's gain also sees g_pre @ W_in^T: sum_e (g_pre_e @ W_in^T) * n_e
-                g_w2 = g_w2 + (g_W_in_n * W_in).sum(-1)
-            if g_b2 is not None:
-                g_b2 = g_b2 + torch.bmm(W_in, g_b_in[:, :, None])[..., 0]
-            g_Tab = F.embedding_bag(plan.t_src, A.reshape(MB, D), plan.t_offsets, mode="sum").view(M, n_tab, D)
+        # dL/dx = A + a * g_pre @ Wt^T is never formed per example: A = N2's backward of g_y, plus N2's own
+        # term along its normalised input n, of size <g_pre, pre - k> = a <g_pre, x @ Wt> (sphere: a dot;
+        # LayerNorm/RMSNorm: a mean). The table rows get bag^T(A) + Q @ Wt^T, and the x bag's weights
+        # <Tab row, dL/dx> = <Tab row, A> + a <Tab2 row, g_pre>
+        A, g_w2, g_b2 = _norm_bwd(spec.norm, g_y, ctx.st2, w2, b2, need[7], need[8])
+        a2, n = ctx.a2, plan.idx.shape[1]
+        dots = None
+        if a2 is not None or (not spec.uniform and need[2]):
+            # <Tab2[r], g_pre_e> per slot: the MLP-input bag's per-sample-weight gradient
+            dots = torch.ops.aten._embedding_bag_per_sample_weights_backward(
+                g_pre.view(MB, Dm), Tab2, plan.idx.view(-1), *plan.slot_bags(), 0, -1).view(MB, n)
+        if a2 is not None:
+            dpk = torch.linalg.vecdot(w_pre[:, :n], dots).view(M, B, 1)
+            if spec.norm == "sphere":
+                nvec, unclamped = ctx.st2[0], ctx.st2[2]
+                coef = dpk.mul_(a2).mul_(unclamped)
+            elif spec.norm == "layernorm":
+                x_, mean, rstd = ctx.st2
+                nvec, coef = (x_ - mean).mul_(rstd), dpk.mul_(a2).mul_(1.0 / D)
+            else:
+                nvec, coef = ctx.st2[0], dpk.mul_(a2).mul_(1.0 / D)
+            A = A.addcmul_(nvec, coef, value=-1.0)
+        if g_w2 is not None:  # N2's gain also sees g_pre @ W_in^T: sum_e (g_pre_e @ W_in^T) * n_e
+            g_w2 = g_w2 + (g_W_in_n * W_in).sum(-1)
+        if g_b2 is not None:
+            g_b2 = g_b2 + torch.bmm(W_in, g_b_in[:, :, None])[..., 0]
+        A = A.reshape(MB, D)
+        g_Tab = F.embedding_bag(plan.t_src, A, plan.t_offsets, mode="sum",
+                                per_sample_weights=None if wx is None else wx.view(-1)[plan.t_w]).view(M, n_tab, D)
+        if Vh is None:
             g_Tab = torch.baddbmm(g_Tab, Q, Wt.transpose(1, 2))
         else:
-            del Q
-            g_h = _mm(g_pre, W_in.transpose(1, 2), g_y)
-            del g_pre
-            g_x, g_w2, g_b2 = _norm_bwd(spec.norm, g_h, ctx.st2, w2, b2, need[7], need[8])
-            g_x = g_x.reshape(MB, D)
-            # x = sum of the bag's weighted Tab rows, grouped per token row
-            members, ex, chunk_row, row_offsets, slot, shape = plan.chunks()
-            G = g_x.index_select(0, ex).view(*shape, D)  # [n_chunks, c, D] rows of g_x per token row
-            pw = torch.cat((p[:, 0], p[:, 1], p.new_zeros(1, H))).index_select(0, members).view(*shape, H)
-            part = torch.bmm(pw.transpose(1, 2), G)  # [n_chunks, H, D]
-            # per token row r, the sum of its chunks' parts (a segment sum: deterministic on CUDA too)
-            g_rows = F.embedding_bag(torch.arange(shape[0], device=part.device), part.view(shape[0], H * D),
-                                     row_offsets, mode="sum")
-            g_Tab = torch.cat((g_rows.view(M, 2 * V, H, D).transpose(1, 2).reshape(M, H * 2 * V, D),
-                               g_x.view(M, B, D).sum(1, keepdim=True)), 1)
-            if need[2]:
-                # dL/dp for the keys a, b (the `=` key's rows are folded into the constant row, so its
-                # dL/dp is 0 up to a shift the softmax Jacobian ignores)
-                trow = Tab[:, :-1].view(M, H, 2 * V, D).transpose(1, 2).reshape(M * 2 * V, H, D)
-                trow = trow.index_select(0, chunk_row)  # [n_chunks, H, D]
-                g_pk = torch.bmm(G, trow.transpose(1, 2)).view(-1, H).index_select(0, slot)  # [2MB, H]
-                p0, p1, p2 = p.unbind(1)
-                g_p0, g_p1 = g_pk[:MB], g_pk[MB:]
-                dot = p0 * g_p0 + p1 * g_p1
-                per_key = torch.cat((p0 * (g_p0 - dot), p1 * (g_p1 - dot)))  # [2MB, H], rows sc_rows of g_Sc
-                g_Sc = F.embedding_bag(plan.sc_order, per_key, plan.sc_offsets, mode="sum").view(M, 2 * V + 1, H)
-                g_Sc[:, 2 * V] = (p2 * dot).view(M, B, H).sum(1).neg_()
+            g_Tab[:, -1:] += torch.bmm(Qc, Wt.transpose(1, 2))
+        g_Sc = None
+        if not spec.uniform and need[2]:
+            # dL/dp for the keys a, b (the `=` key's rows are folded into the constant row, so its dL/dp
+            # is 0 up to a shift the softmax Jacobian ignores)
+            g_wx = torch.ops.aten._embedding_bag_per_sample_weights_backward(
+                A, Tab.view(-1, D), plan.idx.view(-1), *plan.slot_bags(), 0, -1).view(MB, n)[:, : 2 * H]
+            g_wx = g_wx.addcmul_(dots[:, : 2 * H], a2.view(MB, 1)) if a2 is not None else g_wx.add_(dots[:, : 2 * H])
+            p0, p1, p2 = p.unbind(1)
+            g_p0, g_p1 = g_wx[:, :H], g_wx[:, H:]
+            dot = p0 * g_p0 + p1 * g_p1
+            per_key = torch.cat((p0 * (g_p0 - dot), p1 * (g_p1 - dot)))  # [2MB, H], rows sc_rows of g_Sc
+            g_Sc = F.embedding_bag(plan.sc_order, per_key, plan.sc_offsets, mode="sum").view(M, 2 * V + 1, H)
+            g_Sc[:, 2 * V] = (p2 * dot).view(M, B, H).sum(1).neg_()
         return (None, None, g_Sc, g_Tab, None, g_W_in, g_b_in, g_w2, g_b2, g_W_out, g_b_out, g_w3, g_b3, g_Wr, None,
-                None)
+                g_Vh, g_W_O, None, None)
 
 
 # ---- tables and the entry points --------------------------------------------------------------
-def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int):
-    """Per-token tables with autograd from stacked parameters P {name: [M, *shape]} (layout in
-    _Body): Sc [M, R, H] (None if uniform), Tab [M, n_tab, D], Tab2 [M*n_tab + M, Dm], Wr [M, D, C]."""
+@dataclass
+class _Tables:
+    """Per-token tables (layout in _Body). With autograd: Sc [M, R, H] (None if uniform), Tab
+    [M, n_tab, D], Wr [M, D, C] and (learned attention, else None) Vh [M*H, 2V, dh], the value rows
+    T[r] @ W_V[h] relative to the `=` row (Tab's token rows are Vh[h] @ W_O[h]). Without: Tab2
+    [M*n_tab + M, Dm], Wt [M, D, Dm] and (learned) WOt [M*H, dh, Dm] = W_O[h] @ Wt."""
+
+    Sc: Tensor | None
+    Tab: Tensor
+    Tab2: Tensor
+    Wr: Tensor
+    Wt: Tensor
+    Vh: Tensor | None
+    WOt: Tensor | None
+
+
+def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int) -> _Tables:
+    """The per-token tables of stacked parameters P {name: [M, *shape]}."""
     eps = _norm_eps(cfg)
     H, dh, V, D = cfg.n_heads, cfg.d_head, cfg.d_vocab, cfg.d_model
     W_E, W_pos = P["embed.W_E"], P["pos_embed.W_pos"]
@@ -542,14 +533,14 @@ def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int):
     t2 = T[:, -1:]  # [M, 1, D]
     W_Vf = W_V.permute(0, 2, 1, 3).reshape(M, D, H * dh)
     W_Of = W_O.reshape(M, H * dh, D)
-    Sc = None
+    Sc = Vh = WOt = None
     if cfg.attention == "uniform":
         VO = torch.bmm(T, torch.bmm(W_Vf, W_Of) * (1.0 / 3.0))  # [M, R, D]: sum_h T @ W_V[h] @ W_O[h] / 3
         Tab = torch.cat((VO[:, : 2 * V], VO[:, 2 * V :] + t2), 1)
     else:
         # p2 = 1 - p0 - p1: token rows relative to the `=` row, plus one constant row
-        Vh = torch.bmm(T[:, : 2 * V] - t2, W_Vf).view(M, 2 * V, H, dh).transpose(1, 2)  # [M, H, 2V, dh]
-        VOrel = torch.matmul(Vh, W_O)  # [M, H, 2V, D]
+        Vh = torch.bmm(T[:, : 2 * V] - t2, W_Vf).view(M, 2 * V, H, dh).transpose(1, 2).reshape(M * H, 2 * V, dh)
+        VOrel = torch.bmm(Vh, W_O.reshape(M * H, dh, D))  # [M*H, 2V, D]
         const = t2 + torch.bmm(torch.bmm(t2, W_Vf), W_Of)
         Tab = torch.cat((VOrel.reshape(M, H * 2 * V, D), const), 1)
         q = torch.einsum("md,mhde->mhe", t2[:, 0], W_Q)
@@ -561,13 +552,19 @@ def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int):
         Wt = W_in if w2 is None else w2[:, :, None] * W_in  # [M, D, Dm]
         if cfg.norm == "layernorm":
             Wt = Wt - Wt.mean(1, keepdim=True)
-        n_tab = Tab.shape[1]
-        Tab2 = torch.empty(M * (n_tab + 1), W_in.shape[-1], dtype=Tab.dtype, device=Tab.device)
-        torch.bmm(Tab.detach(), Wt, out=Tab2[: M * n_tab].view(M, n_tab, -1))
+        n_tab, Dm = Tab.shape[1], W_in.shape[-1]
+        Tab2 = torch.empty(M * (n_tab + 1), Dm, dtype=Tab.dtype, device=Tab.device)
+        if Vh is None:
+            torch.bmm(Tab.detach(), Wt, out=Tab2[: M * n_tab].view(M, n_tab, Dm))
+        else:  # token rows VOrel[h] @ Wt = Vh[h] @ (W_O[h] @ Wt): 2.5x fewer FLOPs (dh < D)
+            WOt = torch.bmm(W_O.detach().reshape(M, H * dh, D), Wt).view(M * H, dh, Dm)
+            tab2 = Tab2[: M * n_tab].view(M, n_tab, Dm)
+            torch.matmul(Vh.detach().view(M, H, 2 * V, dh), WOt.view(M, H, dh, Dm), out=tab2[:, :-1].view(M, H, 2 * V, Dm))
+            torch.bmm(const.detach(), Wt, out=tab2[:, -1:])
         Tab2[M * n_tab :] = b_in if b2 is None else torch.baddbmm(b_in[:, None], b2[:, None], W_in)[:, 0]
     W_U = P["unembed.W_U"]
     Wr = cfg.tau * W_U / W_U.norm(dim=1, keepdim=True).clamp_min(1e-12) if cfg.unembed == "bounded" else W_U
-    return Sc, Tab, Tab2, Wr, Wt
+    return _Tables(Sc, Tab, Tab2, Wr, Wt, Vh, WOt)
 
 
 def _check(cfg: GeoConfig, tokens: list[Tensor]) -> None:
@@ -593,12 +590,12 @@ def _prepare(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[Tensor]):
 
 def _apply(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[Tensor], given: _Forward | None = None) -> Tensor:
     """_Body on the tables of params (with autograd) for the members' checked, non-empty tokens."""
-    plan, spec, (Sc, Tab, Tab2, Wr, Wt) = _prepare(cfg, params, tokens)
+    plan, spec, t = _prepare(cfg, params, tokens)
     return _Body.apply(
-        plan, spec, Sc, Tab, Tab2, params["blocks.0.mlp.W_in"], params["blocks.0.mlp.b_in"],
+        plan, spec, t.Sc, t.Tab, t.Tab2, params["blocks.0.mlp.W_in"], params["blocks.0.mlp.b_in"],
         params.get("blocks.0.attn_norm.w"), params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
-        params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"), params.get("blocks.0.mlp_norm.b"), Wr, Wt,
-        given,
+        params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"), params.get("blocks.0.mlp_norm.b"), t.Wr, t.Wt,
+        t.Vh, None if t.Vh is None else params["blocks.0.attn.W_O"], t.WOt, given,
     )
 
 
@@ -646,11 +643,11 @@ def fast_eq_forward(model, tokens: Int[Tensor, "N 3"]) -> FastEq:
     _check(model.cfg, [tokens])
     params = {name: p.detach().unsqueeze(0) for name, p in model.named_parameters()}
     with torch.no_grad():
-        plan, spec, (Sc, Tab, Tab2, Wr, Wt) = _prepare(model.cfg, params, [tokens])
-        f = _forward_body(plan, spec, Sc, Tab, Tab2, params.get("blocks.0.attn_norm.w"),
+        plan, spec, t = _prepare(model.cfg, params, [tokens])
+        f = _forward_body(plan, spec, t.Sc, t.Tab, t.Tab2, params.get("blocks.0.attn_norm.w"),
                           params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
                           params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"),
-                          params.get("blocks.0.mlp_norm.b"), Wr, keep_mlp_out=True)
+                          params.get("blocks.0.mlp_norm.b"), t.Wr, keep_mlp_out=True)
     out = {"x": f.x[0], "resid_mid": f.h[0], "mlp_post": f.post[0], "mlp_out": f.mlp_out[0], "resid_post": f.h3[0],
            "logits": f.logits[0]}
     if f.p is not None:
