@@ -222,9 +222,8 @@ class _Plan:
     Transposed bags (dL/dW_in, dL/dTab): t_src [M*B*n] the example of each idx entry, sorted by
     table row; t_offsets [M*n_tab] where each table row's entries start; t_w, t_w2 the entries'
     flat positions in a [M*B, n] and a [M*B, n + 1] weight tensor.
-    Learned only: sc_rows [2MB] the score-table rows of (position 0 of example j) for j < MB, then
-    of (position 1 of example j - MB) (member offset m*(2V + 1)); sc_order, sc_offsets group them
-    per row (_segments).
+    Learned only: sc_rows [3MB] the score-table rows of each example's keys (a, V + b, 2V; member
+    offset m*(2V + 1)); sc_order, sc_offsets group them per row (_segments).
     """
 
     def __init__(self, tokens: list[Tensor], V: int, H: int, uniform: bool):
@@ -243,7 +242,7 @@ class _Plan:
             heads = torch.arange(H, device=dev)
             local = torch.cat((heads * (2 * V) + a[..., None], heads * (2 * V) + b[..., None],
                                torch.full_like(a, 2 * V * H)[..., None]), -1)
-            self.sc_rows = torch.cat(((a + members * (2 * V + 1)).view(-1), (b + members * (2 * V + 1)).view(-1)))
+            self.sc_rows = (torch.stack((a, b, torch.full_like(a, 2 * V)), -1) + (members * (2 * V + 1))[..., None]).view(-1)
             self.sc_order, self.sc_offsets = _segments(self.sc_rows, M * (2 * V + 1))
         n = local.shape[-1]
         self.idx = (local + (members * self.n_tab)[..., None]).view(M * B, n)
@@ -362,11 +361,7 @@ def _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr, k
     p = wx = None
     if not spec.uniform:
         # softmax of the `=` query over its keys (a, b, =), per head: p [MB, 3, H]
-        s = torch.empty(MB, 3, H, dtype=Tab.dtype, device=Tab.device)
-        s[:, :2] = Sc.reshape(-1, H).index_select(0, plan.sc_rows).view(2, MB, H).transpose(0, 1)
-        s[:, 2] = Sc[:, 2 * V, None].expand(M, B, H).reshape(MB, H)
-        p = (s - s.amax(1, keepdim=True)).exp_()
-        p /= p.sum(1, keepdim=True)
+        p = torch.softmax(Sc.reshape(-1, H).index_select(0, plan.sc_rows).view(MB, 3, H), 1)
         wx = torch.ones(MB, 2 * H + 1, dtype=p.dtype, device=p.device)  # x bag weights [p0 | p1 | 1]
         wx[:, : 2 * H] = p[:, :2].reshape(MB, 2 * H)
     x = F.embedding_bag(plan.idx, Tab.view(-1, D), per_sample_weights=wx, mode="sum").view(M, B, D)
@@ -493,13 +488,14 @@ class _Body(torch.autograd.Function):
             # is 0 up to a shift the softmax Jacobian ignores)
             g_wx = torch.ops.aten._embedding_bag_per_sample_weights_backward(
                 A, Tab.view(-1, D), plan.idx.view(-1), *plan.slot_bags(), 0, -1).view(MB, n)[:, : 2 * H]
-            g_wx = g_wx.addcmul_(dots[:, : 2 * H], a2.view(MB, 1)) if a2 is not None else g_wx.add_(dots[:, : 2 * H])
-            p0, p1, p2 = p.unbind(1)
-            g_p0, g_p1 = g_wx[:, :H], g_wx[:, H:]
-            dot = p0 * g_p0 + p1 * g_p1
-            per_key = torch.cat((p0 * (g_p0 - dot), p1 * (g_p1 - dot)))  # [2MB, H], rows sc_rows of g_Sc
-            g_Sc = F.embedding_bag(plan.sc_order, per_key, plan.sc_offsets, mode="sum").view(M, 2 * V + 1, H)
-            g_Sc[:, 2 * V] = (p2 * dot).view(M, B, H).sum(1).neg_()
+            g_p = torch.zeros_like(p)  # [MB, 3, H]
+            g_p[:, :2] = g_wx.view(MB, 2, H)
+            if a2 is None:
+                g_p[:, :2] += dots[:, : 2 * H].view(MB, 2, H)
+            else:
+                g_p[:, :2].addcmul_(dots[:, : 2 * H].view(MB, 2, H), a2.view(MB, 1, 1))
+            g_s = torch._softmax_backward_data(g_p, p, 1, p.dtype).view(3 * MB, H)  # rows sc_rows of g_Sc
+            g_Sc = F.embedding_bag(plan.sc_order, g_s, plan.sc_offsets, mode="sum").view(M, 2 * V + 1, H)
         return (None, None, g_Sc, g_Tab, None, g_W_in, g_b_in, g_w2, g_b2, g_W_out, g_b_out, g_w3, g_b3, g_Wr, None,
                 g_Vh, g_W_O, None, None)
 
