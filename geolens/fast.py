@@ -22,7 +22,10 @@ autograd.Function with a hand-written backward; a, b the tokens at positions 0, 
 
 where s(x) is N2's row scale (rstd, 1/||x||) and Wt = N2's gain * W_in (row-centred for
 LayerNorm), k = N2's offset @ W_in + b_in: so `pre` is a second embedding bag over the rows
-Tab2 = Tab @ Wt (weights scaled by s(x)) instead of a [B, D] x [D, Dm] matmul.
+Tab2 = Tab @ Wt (weights scaled by s(x)) instead of a [B, D] x [D, Dm] matmul. With learned
+attention Tab's token rows are Vh[h] @ W_O[h] (Vh[h] = (T[r] - T[2V]) @ W_V[h], [2V, dh]), so
+their Tab2 rows are Vh[h] @ (W_O[h] @ Wt), and the backward's Tab^T Q and Q @ Wt^T go through the
+same per-head factors (dh = D / H: 2.5x fewer FLOPs at the paper's sizes).
 
 Backward: dense matmuls for the readout and the MLP (dL/dpre, dL/dW_out). dL/dW_in =
 sum_e N2(x_e) (x) dL/dpre_e comes from the table rows instead of a [Dm, B] x [B, D] matmul:
@@ -45,7 +48,7 @@ Members: every tensor carries a leading member dimension M. `stacked_fast_logits
 of one shape (parameters stacked [M, *shape], one token tensor [B, 3] per member) as one
 computation: bmm for the matmuls, and bags over the members' tables flattened to one
 [M * rows, width] table with member-offset row indices. `fast_logits` is M = 1. The dense
-per-example matmuls shaped [B, K] x [K, N] (forward, dL/dh3, dL/dpre, dL/dh) go through `_mm`:
+per-example matmuls shaped [B, K] x [K, N] (forward, dL/dh3, dL/dpre) go through `_mm`:
 oneDNN's linear for one float32 CPU member where torch has oneDNN, else bmm.
 
 Analysis: `fast_eq_forward` runs the same forward without gradients over every input and returns

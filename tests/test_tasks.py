@@ -38,7 +38,8 @@ def test_split_is_python_random_shuffle_of_a_major_pairs():
     order = list(range(23 * 23))
     random.Random(7).shuffle(order)
     data = make_dataset(cfg)
-    assert data.train_idx.tolist() == order[: int(0.5 * 23 * 23)]
+    assert data.train_idx.tolist() == sorted(order[: int(0.5 * 23 * 23)])  # the same set, stored ascending
+    assert data.test_idx.tolist() == sorted(order[int(0.5 * 23 * 23) :])
     a, b = divmod(order[0], 23)
     assert data.tokens[order[0]].tolist() == [a, b, 23]
 
