@@ -358,7 +358,7 @@ def _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr, k
     relu(pre), mlp_out [M, B, D] (only with keep_mlp_out), h3 = N3(h + mlp_out), a3 and st3 (N3's
     row scale and state), logits [M, B, C].
     """
-    M, B, H, V = plan.M, plan.B, spec.n_heads, spec.d_vocab
+    M, B, H = plan.M, plan.B, spec.n_heads
     D, Dm = Tab.shape[-1], Tab2.shape[-1]
     MB = M * B
     p = wx = None

@@ -69,7 +69,6 @@ def test_keyfreq_neuron_and_fve_neuron_on_clean_neurons(task):
 
 def test_neuron_block_includes_the_single_operand_terms():
     """A neuron of frequency k may also carry cos(w a) and sin(w b) (const x wave blocks)."""
-    frame = _frame()
     s = torch.arange(P, dtype=torch.float64)
     w = 2 * math.pi * 6 / P
     a, b = s[:, None], s[None, :]
