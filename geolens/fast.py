@@ -245,7 +245,8 @@ class _Plan:
             heads = torch.arange(H, device=dev)
             local = torch.cat((heads * (2 * V) + a[..., None], heads * (2 * V) + b[..., None],
                                torch.full_like(a, 2 * V * H)[..., None]), -1)
-            self.sc_rows = (torch.stack((a, b, torch.full_like(a, 2 * V)), -1) + (members * (2 * V + 1))[..., None]).view(-1)
+            keys = torch.stack((a, b, torch.full_like(a, 2 * V)), -1)  # [M, B, 3] score rows of (a, V + b, =)
+            self.sc_rows = (keys + (members * (2 * V + 1))[..., None]).view(-1)
             self.sc_order, self.sc_offsets = _segments(self.sc_rows, M * (2 * V + 1))
         n = local.shape[-1]
         self.idx = (local + (members * self.n_tab)[..., None]).view(M * B, n)
@@ -435,15 +436,17 @@ class _Body(torch.autograd.Function):
         g_b_in = g_pre.sum(1)
         # dL/dW_in = sum_e N2(x_e) (x) g_pre_e from sum_e a_e x_e (x) g_pre_e = Tab^T Q, Q the transposed
         # MLP-input bag: per table row, the sum of a_e * weight * g_pre_e over the entries reading it
-        Q = F.embedding_bag(plan.t_src, g_pre.view(MB, Dm), plan.t_offsets, mode="sum",
-                            per_sample_weights=None if w_pre is None else w_pre.view(-1)[plan.t_w2]).view(M, n_tab, Dm)
+        q_w = None if w_pre is None else w_pre.view(-1).index_select(0, plan.t_w2)
+        Q = F.embedding_bag(plan.t_src, g_pre.view(MB, Dm), plan.t_offsets, mode="sum", per_sample_weights=q_w)
+        Q = Q.view(M, n_tab, Dm)
         g_Vh = g_W_O = None
         if Vh is None:
             g_W_in_n = torch.bmm(Tab.transpose(1, 2), Q)  # Tab^T Q [M, D, Dm]
         else:  # per head: VOrel[h]^T Q[h] = W_O[h]^T (Vh[h]^T Q[h]), plus the constant row's part
             Qt, Qc = Q[:, :-1].reshape(M * H, 2 * V, Dm), Q[:, -1:]
             VQ = torch.bmm(Vh.transpose(1, 2), Qt).view(M, -1, Dm)  # [M, H*dh, Dm]
-            g_W_in_n = torch.baddbmm(torch.bmm(Tab[:, -1:].transpose(1, 2), Qc), W_O.reshape(M, -1, D).transpose(1, 2), VQ)
+            const_part = torch.bmm(Tab[:, -1:].transpose(1, 2), Qc)
+            g_W_in_n = torch.baddbmm(const_part, W_O.reshape(M, -1, D).transpose(1, 2), VQ)
             # and the Q @ Wt^T part of dL/dTab's token rows goes straight to Vh and W_O
             g_Vh = torch.bmm(Qt, WOt.transpose(1, 2)) if need[15] else None
             g_W_O = torch.bmm(VQ, Wt.transpose(1, 2)).view(W_O.shape) if need[16] else None
@@ -479,8 +482,8 @@ class _Body(torch.autograd.Function):
         if g_b2 is not None:
             g_b2 = g_b2 + torch.bmm(W_in, g_b_in[:, :, None])[..., 0]
         A = A.reshape(MB, D)
-        g_Tab = F.embedding_bag(plan.t_src, A, plan.t_offsets, mode="sum",
-                                per_sample_weights=None if wx is None else wx.view(-1)[plan.t_w]).view(M, n_tab, D)
+        t_w = None if wx is None else wx.view(-1).index_select(0, plan.t_w)
+        g_Tab = F.embedding_bag(plan.t_src, A, plan.t_offsets, mode="sum", per_sample_weights=t_w).view(M, n_tab, D)
         if Vh is None:
             g_Tab = torch.baddbmm(g_Tab, Q, Wt.transpose(1, 2))
         else:
@@ -558,7 +561,8 @@ def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int) -> _Tables:
         else:  # token rows VOrel[h] @ Wt = Vh[h] @ (W_O[h] @ Wt): 2.5x fewer FLOPs (dh < D)
             WOt = torch.bmm(W_O.detach().reshape(M, H * dh, D), Wt).view(M * H, dh, Dm)
             tab2 = Tab2[: M * n_tab].view(M, n_tab, Dm)
-            torch.matmul(Vh.detach().view(M, H, 2 * V, dh), WOt.view(M, H, dh, Dm), out=tab2[:, :-1].view(M, H, 2 * V, Dm))
+            torch.matmul(Vh.detach().view(M, H, 2 * V, dh), WOt.view(M, H, dh, Dm),
+                         out=tab2[:, :-1].view(M, H, 2 * V, Dm))
             torch.bmm(const.detach(), Wt, out=tab2[:, -1:])
         Tab2[M * n_tab :] = b_in if b2 is None else torch.baddbmm(b_in[:, None], b2[:, None], W_in)[:, 0]
     W_U = P["unembed.W_U"]
