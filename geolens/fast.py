@@ -232,7 +232,7 @@ class _Plan:
     def __init__(self, tokens: list[Tensor], V: int, H: int, uniform: bool):
         tok = torch.stack(tokens)  # [M, B, 3]
         M, B, dev = tok.shape[0], tok.shape[1], tok.device
-        self.M, self.B, self.V, self.H = M, B, V, H
+        self.M, self.B = M, B
         self.eq = int(tok[0, 0, 2])
         self.same_eq = not bool((tok[..., 2] != self.eq).any())
         a, b = tok[..., 0], tok[..., 1] + V  # [M, B]
@@ -258,13 +258,15 @@ class _Plan:
         self.t_w = order
         self.t_w2 = self.t_src * (n + 1) + order % n
 
-    def slot_bags(self):
-        """(offsets, bag of each entry) of idx as a flat bag (for the per-sample-weight gradient)."""
-        if self._slot_bags is None:
+    def slot_dots(self, g: Float[Tensor, "MB k"], table: Float[Tensor, "rows k"]) -> Float[Tensor, "MB n"]:
+        """<table[idx[i, j]], g[i]> for every slot j of every example i: the per-sample-weight
+        gradient of a bag over `table` with slots idx."""
+        if self._slot_bags is None:  # (offsets, bag of each entry) of idx as a flat bag
             n = self.idx.shape[1]
             bags = torch.arange(self.M * self.B, device=self.idx.device)
             self._slot_bags = (bags * n, bags.repeat_interleave(n))
-        return self._slot_bags
+        return torch.ops.aten._embedding_bag_per_sample_weights_backward(
+            g, table, self.idx.view(-1), *self._slot_bags, 0, -1).view(self.idx.shape)
 
 
 _PLANS: dict[tuple, tuple] = {}
@@ -463,9 +465,7 @@ class _Body(torch.autograd.Function):
         a2, n = ctx.a2, plan.idx.shape[1]
         dots = None
         if a2 is not None or (not spec.uniform and need[2]):
-            # <Tab2[r], g_pre_e> per slot: the MLP-input bag's per-sample-weight gradient
-            dots = torch.ops.aten._embedding_bag_per_sample_weights_backward(
-                g_pre.view(MB, Dm), Tab2, plan.idx.view(-1), *plan.slot_bags(), 0, -1).view(MB, n)
+            dots = plan.slot_dots(g_pre.view(MB, Dm), Tab2)  # <Tab2[r], g_pre_e> per slot
         if a2 is not None:
             dpk = torch.linalg.vecdot(w_pre[:, :n], dots).view(M, B, 1)
             if spec.norm == "sphere":
@@ -492,8 +492,7 @@ class _Body(torch.autograd.Function):
         if not spec.uniform and need[2]:
             # dL/dp for the keys a, b (the `=` key's rows are folded into the constant row, so its dL/dp
             # is 0 up to a shift the softmax Jacobian ignores)
-            g_wx = torch.ops.aten._embedding_bag_per_sample_weights_backward(
-                A, Tab.view(-1, D), plan.idx.view(-1), *plan.slot_bags(), 0, -1).view(MB, n)[:, : 2 * H]
+            g_wx = plan.slot_dots(A, Tab.view(-1, D))[:, : 2 * H]
             g_p = torch.zeros_like(p)  # [MB, 3, H]
             g_p[:, :2] = g_wx.view(MB, 2, H)
             if a2 is None:
