@@ -32,7 +32,7 @@ from geolens.fast import stacked_fast_logits
 from geolens.model import GeoTransformer
 from geolens.progress import EpochProgress, sweep_stats
 from geolens.schedule import parse_schedule
-from geolens.storage import RunDir
+from geolens.storage import BackgroundWriter, RunDir
 from geolens.tasks import make_dataset
 from geolens.train import (
     TrainResult,
@@ -130,7 +130,7 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
     forward = StackedForward(models)
     why = f"{S} members stacked; {forward.why}"
     headers = [run_header(c, f"{ENGINE}-{forward.engine}", why, train_y.shape[1], test_y.shape[1]) for c in cfgs]
-    timing = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0, "epochs_timed": 0, "members": S}
+    timing = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0, "write_s": 0.0, "epochs_timed": 0, "members": S}
     for r, h in zip(runs, headers):
         r.write_header({**h, "timing": timing})
     rows: list[list[dict]] = [[] for _ in cfgs]
@@ -138,7 +138,8 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
     results: list[TrainResult | None] = [None] * S
     t_start = time.perf_counter()
     epoch = 0
-    with EpochProgress(cfg.epochs, 0, progress, f"{S} x {cfg.preset or cfg.norm} {cfg.task} p={cfg.p}") as bar:
+    bar = EpochProgress(cfg.epochs, 0, progress, f"{S} x {cfg.preset or cfg.norm} {cfg.task} p={cfg.p}")
+    with BackgroundWriter() as writer, bar:
         while True:
             t0 = time.perf_counter()
             logits = forward(train_x)
@@ -163,11 +164,10 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
                         done, stop_reason = True, "early_stop"
                     last = manifests[i][-1] if manifests[i] else None
                     if done or schedule.wants(epoch, last, new_rows[i]):
-                        write_checkpoint(runs[i], models[i].state_dict(), optimizer_tensors(models[i], opts[i]), epoch,
-                                         rows[i], manifests[i],
-                                         events, headers[i], timing, cfg.eval_every)
+                        write_checkpoint(writer, runs[i], models[i].state_dict(), optimizer_tensors(models[i], opts[i]),
+                                         epoch, rows[i], manifests[i], events, headers[i], timing, cfg.eval_every)
                     if done:
-                        ev = finish_run(runs[i], headers[i], rows[i], 0, stop_reason, cfg.eval_every, dict(timing))
+                        ev = finish_run(writer, runs[i], headers[i], rows[i], 0, stop_reason, cfg.eval_every, timing)
                         results[i] = TrainResult(runs[i].path, rows[i], ev, f"{ENGINE}-{forward.engine}")
                 timing["ckpt_s"] += time.perf_counter() - t2
                 bar.update(epoch, sweep_stats([r["test_acc"] for r in new_rows], sum(r is None for r in results), S))

@@ -12,14 +12,18 @@ Nothing is pickled: tensors are safetensors, everything else JSON or CSV.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import os
 import platform
+import queue
 import shutil
 import tempfile
+import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError
@@ -186,12 +190,61 @@ class RunDir:
             raise GeoError(f"{self.manifest_json} is corrupt (expected a list); restore it or retrain the run")
         return entries
 
-    def save_checkpoint(self, step: int, state: dict[str, torch.Tensor], manifest: list[dict[str, Any]], info: dict) -> None:
-        """Weights of `step` plus an updated manifest (the entry carries that step's metrics)."""
-        path = self.ckpt_path(step)
-        save_tensors(path, state, metadata={"step": str(step)})
-        manifest.append({"step": step, "file": f"checkpoints/{path.name}", **info})
+    def manifest_entry(self, step: int, info: dict[str, Any]) -> dict[str, Any]:
+        """The manifest entry of checkpoint `step` (info: that step's metrics)."""
+        return {"step": step, "file": f"checkpoints/{self.ckpt_path(step).name}", **info}
+
+    def save_checkpoint(self, step: int, state: dict[str, torch.Tensor], manifest: list[dict[str, Any]]) -> None:
+        """Weights of `step`, then the manifest (which already holds the step's entry)."""
+        save_tensors(self.ckpt_path(step), state, metadata={"step": str(step)})
         atomic_write_json(self.manifest_json, manifest)
 
     def load_checkpoint(self, step: int) -> dict[str, torch.Tensor]:
         return load_tensors(self.ckpt_path(step))
+
+
+class BackgroundWriter:
+    """Run-directory writes on one background thread, in the order they are submitted, so training
+    goes on while checkpoints are serialised and fsync'd.
+
+    Jobs must own their data (CPU copies of tensors, copies of lists and dicts), never live state.
+    A failed job stops the queue (later writes, such as a resume state, would refer to what it
+    failed to write) and its exception is raised in the caller at the next submit or on leaving the
+    `with` block. Leaving the block waits for every queued write, also when the block raised (its
+    own exception then wins). busy_s: seconds spent in jobs so far.
+    """
+
+    def __init__(self, max_pending: int = 16):
+        self._jobs: queue.Queue = queue.Queue(max_pending)
+        self._error: BaseException | None = None
+        self.busy_s = 0.0
+        self._thread = threading.Thread(target=self._work, name="geolens-writer", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            if self._error is None:
+                t0 = time.perf_counter()
+                try:
+                    job()
+                except BaseException as e:  # re-raised in the submitting thread
+                    self._error = e
+                self.busy_s += time.perf_counter() - t0
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Queue fn(*args) (blocks while max_pending jobs wait); raises an earlier job's failure."""
+        self._raise_failure()
+        self._jobs.put(functools.partial(fn, *args))
+
+    def __enter__(self) -> "BackgroundWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+        if exc_type is None:
+            self._raise_failure()

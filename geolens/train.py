@@ -3,7 +3,8 @@
 Epoch e means "after e optimizer steps". At every evaluated epoch the training forward of that
 state gives the train loss/accuracy and the gradient norm, a no-grad forward gives the test
 metrics. A checkpoint (weights) is written when the schedule asks; the resume state (weights +
-AdamW state) is rewritten at every checkpoint so `resume` continues bit-identically.
+AdamW state) is rewritten at every checkpoint so `resume` continues bit-identically. The files are
+written by a BackgroundWriter from snapshots taken at the checkpoint, while training goes on.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from geolens.model import GeoTransformer
 from geolens.progress import EpochProgress, run_stats
 from geolens.schedule import parse_schedule
 from geolens.storage import (
+    BackgroundWriter,
     RunDir,
     atomic_write_json,
     load_tensors,
@@ -187,13 +189,14 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
     header = run_header(cfg, engine, why, len(train_y), len(test_y))
     prev_timing = run.read_header().get("timing", {}) if resumed else {}
     timing = {"train_s": prev_timing.get("train_s", 0.0), "eval_s": prev_timing.get("eval_s", 0.0),
-              "ckpt_s": prev_timing.get("ckpt_s", 0.0), "epochs_timed": prev_timing.get("epochs_timed", 0)}
+              "ckpt_s": prev_timing.get("ckpt_s", 0.0), "write_s": prev_timing.get("write_s", 0.0),
+              "epochs_timed": prev_timing.get("epochs_timed", 0)}
     run.write_header({**header, "timing": timing})
     bar = EpochProgress(cfg.epochs, start, enabled=progress, label=f"{cfg.preset or cfg.norm} {cfg.task} p={cfg.p}")
     stop_reason = "completed"
     t_start = time.perf_counter() - (rows[-1]["elapsed_s"] if rows else 0.0)
     epoch = start
-    with bar:
+    with BackgroundWriter() as writer, bar:
         while True:
             t0 = time.perf_counter()
             logits = forward(train_x)
@@ -215,7 +218,7 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
                 if early_stop_due(cfg, epoch, events):
                     done, stop_reason = True, "early_stop"
                 if done or schedule.wants(epoch, last_ckpt, row):
-                    _checkpoint(run, model, opt, epoch, rows, manifest, events, header, timing)
+                    _checkpoint(writer, run, model, opt, epoch, rows, manifest, events, header, timing)
                     last_ckpt = manifest[-1]
                 timing["ckpt_s"] += time.perf_counter() - t2
                 bar.update(epoch, run_stats(row))
@@ -226,18 +229,31 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
             timing["train_s"] += time.perf_counter() - t3
             timing["epochs_timed"] += 1
             epoch += 1
-    events = finish_run(run, header, rows, start, stop_reason, cfg.eval_every, timing)
+        events = finish_run(writer, run, header, rows, start, stop_reason, cfg.eval_every, timing)
     return TrainResult(run.path, rows, events, engine)
 
 
-def finish_run(run: RunDir, header: dict, rows: list, start: int, stop_reason: str, eval_every: int, timing: dict) -> dict:
-    """Write the final events.json and the finished run.json; returns the events."""
+def finish_run(writer: BackgroundWriter, run: RunDir, header: dict, rows: list, start: int, stop_reason: str,
+               eval_every: int, timing: dict) -> dict:
+    """Queue the final events.json and the finished run.json on `writer`; returns the events."""
     events = {**onset_events(rows), "stop_reason": stop_reason, "final_epoch": rows[-1]["epoch"] if rows else start,
               "eval_every": eval_every}
-    atomic_write_json(run.events_json, events)
-    timing["ms_per_epoch"] = 1000 * timing["train_s"] / max(timing["epochs_timed"], 1)
-    run.write_header({**header, "status": "finished", "stop_reason": stop_reason, "timing": timing})
+    timing = {**timing, "ms_per_epoch": 1000 * timing["train_s"] / max(timing["epochs_timed"], 1)}
+    writer.submit(_write_finish, writer, run, dict(events), {**header, "status": "finished", "stop_reason": stop_reason,
+                                                             "timing": timing})
     return events
+
+
+def _write_finish(writer: BackgroundWriter, run: RunDir, events: dict, header: dict) -> None:
+    atomic_write_json(run.events_json, events)
+    _write_header(writer, run, header)
+
+
+def _write_header(writer: BackgroundWriter, run: RunDir, header: dict) -> None:
+    """run.json from a job on `writer`: its timing's write_s (the value when training started) plus the
+    writer's time so far."""
+    timing = header["timing"]
+    run.write_header({**header, "timing": {**timing, "write_s": timing["write_s"] + writer.busy_s}})
 
 
 def squared_norms(model: GeoTransformer) -> Tensor:
@@ -275,23 +291,36 @@ def metrics_row(epoch: int, stats: list[float], norms: list[list[float]], elapse
     }
 
 
-def _checkpoint(run: RunDir, model, opt, epoch, rows, manifest, events, header, timing) -> None:
-    write_checkpoint(run, model.state_dict(), optimizer_tensors(model, opt), epoch, rows, manifest, events, header,
-                     timing, model.cfg.eval_every)
+def _checkpoint(writer, run: RunDir, model, opt, epoch, rows, manifest, events, header, timing) -> None:
+    write_checkpoint(writer, run, model.state_dict(), optimizer_tensors(model, opt), epoch, rows, manifest, events,
+                     header, timing, model.cfg.eval_every)
 
 
-def write_checkpoint(run: RunDir, weights: dict[str, Tensor], opt_state: dict[str, Tensor], epoch: int, rows: list,
-                     manifest: list, events: dict, header: dict, timing: dict, eval_every: int) -> None:
-    """Write metrics, the step's weights (a state_dict), the manifest, then the resume state (weights as
-    model.*, `opt_state` as opt.<param>.<key>) in that order, so everything a resume state refers to is
-    on disk before it."""
-    write_metrics(run.metrics_csv, rows)
-    atomic_write_json(run.events_json, {**events, "eval_every": eval_every})
+def snapshot(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """CPU copies of `tensors`: what a queued write may hold while training changes the originals."""
+    return {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
+
+
+def write_checkpoint(writer: BackgroundWriter, run: RunDir, weights: dict[str, Tensor], opt_state: dict[str, Tensor],
+                     epoch: int, rows: list, manifest: list, events: dict, header: dict, timing: dict,
+                     eval_every: int) -> None:
+    """Checkpoint `epoch`: snapshot the weights (a state_dict), the optimizer state (opt.<param>.<key>),
+    rows, events and timing now, add the manifest entry, and queue the writes on `writer`."""
     row = rows[-1]
-    info = {k: row[k] for k in ("train_loss", "train_acc", "test_loss", "test_acc")}
-    run.save_checkpoint(epoch, weights, manifest, info)
+    manifest.append(run.manifest_entry(epoch, {k: row[k] for k in ("train_loss", "train_acc", "test_loss", "test_acc")}))
+    writer.submit(_write_checkpoint, writer, run, snapshot(weights), snapshot(opt_state), epoch, list(rows),
+                  list(manifest), {**events, "eval_every": eval_every}, {**header, "timing": dict(timing)})
+
+
+def _write_checkpoint(writer: BackgroundWriter, run: RunDir, weights: dict[str, Tensor], opt_state: dict[str, Tensor],
+                      epoch: int, rows: list, manifest: list, events: dict, header: dict) -> None:
+    """Metrics, events, the step's weights, the manifest, then the resume state (weights as model.*, the
+    optimizer state) and run.json, in that order, so everything a resume state refers to is on disk before it."""
+    write_metrics(run.metrics_csv, rows)
+    atomic_write_json(run.events_json, events)
+    run.save_checkpoint(epoch, weights, manifest)
     state = {f"model.{k}": v for k, v in weights.items()}
     state.update(opt_state)
     state["epoch"] = torch.tensor(epoch)
     save_tensors(run.resume_file, state)
-    run.write_header({**header, "timing": timing})
+    _write_header(writer, run, header)

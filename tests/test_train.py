@@ -1,16 +1,19 @@
 """Training: generalisation and onset detection, bit-identical resume, schedules, run directories."""
 
 import json
+import time
 
 import pytest
 import torch
 
+from geolens import storage
 from geolens import train as training
+from geolens.batched import train_batched
 from geolens.config import make_config
 from geolens.errors import GeoError
 from geolens.run import load_run
 from geolens.schedule import parse_schedule
-from geolens.storage import read_metrics
+from geolens.storage import load_tensors, read_metrics
 from geolens.train import onset_events
 
 TINY = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, lr=1e-3)
@@ -78,6 +81,71 @@ def test_killed_run_resumes_bit_identically(tmp_path, monkeypatch):
     training.resume(tmp_path / "killed", progress=False)
     full, run_full = _state(tmp_path / "full")
     resumed, run_resumed = _state(tmp_path / "killed")
+    assert all(torch.equal(full[k], resumed[k]) for k in full)
+    assert _strip(run_full.metrics) == _strip(run_resumed.metrics)
+
+
+def _slow_writes(monkeypatch, seconds):
+    """Every file write waits `seconds` first, so the background writer lags behind training."""
+    real = storage.atomic_write_bytes
+
+    def slow(path, data):
+        time.sleep(seconds)
+        real(path, data)
+
+    monkeypatch.setattr(storage, "atomic_write_bytes", slow)
+
+
+def _files(path):
+    return {f.relative_to(path).as_posix(): f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batched"])
+def test_lagging_writer_writes_each_checkpoint_as_it_was(tmp_path, monkeypatch, batched):
+    # Checkpoint writes run in the background; with every write slowed down the training runs ahead of
+    # them, and each checkpoint and resume state must still hold the weights and optimizer state of its
+    # own epoch: the same bytes as a run whose writer keeps up.
+    cfg = make_config("ln", epochs=40, eval_every=2, checkpoints="every:4", seed=5, **TINY)
+
+    def run(out):
+        if batched:
+            train_batched([cfg], [out], progress=False)
+        else:
+            training.train(cfg, out, progress=False)
+
+    run(tmp_path / "prompt")
+    _slow_writes(monkeypatch, 0.02)
+    run(tmp_path / "lagging")
+    prompt, lagging = _files(tmp_path / "prompt"), _files(tmp_path / "lagging")
+    assert prompt.keys() == lagging.keys() and len([k for k in prompt if k.startswith("checkpoints/step_")]) == 11
+    for name in prompt:
+        if name not in ("run.json", "metrics.csv"):  # they hold wall times
+            assert prompt[name] == lagging[name], name
+    assert _strip(read_metrics(tmp_path / "prompt" / "metrics.csv")) == _strip(read_metrics(tmp_path / "lagging" / "metrics.csv"))
+    assert json.loads(lagging["run.json"])["status"] == "finished"
+
+
+def test_failed_checkpoint_write_stops_the_run_and_it_resumes(tmp_path, monkeypatch):
+    cfg = make_config("fb", epochs=50, eval_every=5, checkpoints="every:10", seed=6, **TINY)
+    training.train(cfg, tmp_path / "full", progress=False)
+    real = storage.atomic_write_bytes
+
+    def disk_full_at_20(path, data):  # slow too, so later checkpoints are queued behind the failing one
+        time.sleep(0.05)
+        if path.name.startswith("step_0000020"):
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(storage, "atomic_write_bytes", disk_full_at_20)
+    with pytest.raises(OSError, match="No space left"):
+        training.train(cfg, tmp_path / "failed", progress=False)
+    monkeypatch.setattr(storage, "atomic_write_bytes", real)
+    run = tmp_path / "failed"
+    assert [m["step"] for m in json.loads((run / "checkpoints" / "manifest.json").read_text())] == [0, 10]
+    assert int(load_tensors(run / "resume.safetensors")["epoch"]) == 10  # nothing written after the failure
+    training.resume(run, progress=False)
+    full, run_full = _state(tmp_path / "full")
+    resumed, run_resumed = _state(run)
     assert all(torch.equal(full[k], resumed[k]) for k in full)
     assert _strip(run_full.metrics) == _strip(run_resumed.metrics)
 
