@@ -29,6 +29,7 @@ for run in sorted(pathlib.Path(sys.argv[1]).rglob("run.json")):
     h, e = json.loads(run.read_text()), json.loads((run.parent / "events.json").read_text())
     t = h["timing"]
     print(f"{run.parent}: engine {h['engine']}, onset_095 {e['onset_095']}, final epoch {e['final_epoch']}, "
-          f"{t['ms_per_epoch']:.2f} ms/epoch, (eval + ckpt) / train = {(t['eval_s'] + t['ckpt_s']) / t['train_s']:.1%}")
+          f"{t['ms_per_epoch']:.2f} ms/epoch, (eval + ckpt) / train = {(t['eval_s'] + t['ckpt_s']) / t['train_s']:.1%}, "
+          f"background writes {t.get('write_s', 0):.1f} s")
 PY
 exit $status
