@@ -211,14 +211,16 @@ class BackgroundWriter:
     A failed job stops the queue (later writes, such as a resume state, would refer to what it
     failed to write) and its exception is raised in the caller at the next submit or on leaving the
     `with` block. Leaving the block waits for every queued write, also when the block raised (its
-    own exception then wins). busy_s: seconds spent in jobs so far.
+    own exception then wins); the thread is not a daemon, so the interpreter, too, waits for the
+    queued writes before it exits. busy_s: seconds spent in jobs so far.
     """
 
     def __init__(self, max_pending: int = 16):
-        self._jobs: queue.Queue = queue.Queue(max_pending)
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._slots = threading.BoundedSemaphore(max_pending)  # submit waits for one; each finished job frees one
         self._error: BaseException | None = None
         self.busy_s = 0.0
-        self._thread = threading.Thread(target=self._work, name="geolens-writer", daemon=True)
+        self._thread = threading.Thread(target=self._work, name="geolens-writer")
         self._thread.start()
 
     def _work(self) -> None:
@@ -230,6 +232,7 @@ class BackgroundWriter:
                 except BaseException as e:  # re-raised in the submitting thread
                     self._error = e
                 self.busy_s += time.perf_counter() - t0
+            self._slots.release()
 
     def _raise_failure(self) -> None:
         if self._error is not None:
@@ -238,13 +241,14 @@ class BackgroundWriter:
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
         """Queue fn(*args) (blocks while max_pending jobs wait); raises an earlier job's failure."""
         self._raise_failure()
+        self._slots.acquire()
         self._jobs.put(functools.partial(fn, *args))
 
     def __enter__(self) -> "BackgroundWriter":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._jobs.put(None)
+        self._jobs.put(None)  # never blocks, so an interrupt cannot keep the thread from ending
         self._thread.join()
         if exc_type is None:
             self._raise_failure()

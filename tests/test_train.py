@@ -150,6 +150,30 @@ def test_failed_checkpoint_write_stops_the_run_and_it_resumes(tmp_path, monkeypa
     assert _strip(run_full.metrics) == _strip(run_resumed.metrics)
 
 
+def test_background_writer_runs_jobs_in_order_and_stops_at_a_failure():
+    done = []
+
+    def job(i):
+        time.sleep(0.01)
+        if i == 3:
+            raise OSError("disk full")
+        done.append(i)
+
+    # an interrupted block still runs every queued job before it leaves, even with the queue full
+    with pytest.raises(KeyboardInterrupt):
+        with storage.BackgroundWriter(max_pending=1) as writer:
+            for i in range(3):
+                writer.submit(job, i)
+            raise KeyboardInterrupt
+    assert done == [0, 1, 2]
+    done.clear()
+    with pytest.raises(OSError, match="disk full"):
+        with storage.BackgroundWriter(max_pending=8) as writer:
+            for i in range(6):
+                writer.submit(job, i)
+    assert done == [0, 1, 2]  # nothing after the failed job
+
+
 def test_same_seed_same_run(tmp_path):
     cfg = make_config("rms", epochs=20, eval_every=5, seed=4, **TINY)
     training.train(cfg, tmp_path / "a", progress=False)
