@@ -85,12 +85,15 @@ def test_killed_run_resumes_bit_identically(tmp_path, monkeypatch):
     assert _strip(run_full.metrics) == _strip(run_resumed.metrics)
 
 
-def _slow_writes(monkeypatch, seconds):
-    """Every file write waits `seconds` first, so the background writer lags behind training."""
+def _slow_writes(monkeypatch, seconds, fail_at: str | None = None):
+    """Every file write waits `seconds` first, so the background writer lags behind training; the
+    write of a file whose name starts with `fail_at` fails as on a full disk."""
     real = storage.atomic_write_bytes
 
     def slow(path, data):
         time.sleep(seconds)
+        if fail_at is not None and path.name.startswith(fail_at):
+            raise OSError(28, "No space left on device")
         real(path, data)
 
     monkeypatch.setattr(storage, "atomic_write_bytes", slow)
@@ -128,18 +131,10 @@ def test_lagging_writer_writes_each_checkpoint_as_it_was(tmp_path, monkeypatch, 
 def test_failed_checkpoint_write_stops_the_run_and_it_resumes(tmp_path, monkeypatch):
     cfg = make_config("fb", epochs=50, eval_every=5, checkpoints="every:10", seed=6, **TINY)
     training.train(cfg, tmp_path / "full", progress=False)
-    real = storage.atomic_write_bytes
-
-    def disk_full_at_20(path, data):  # slow too, so later checkpoints are queued behind the failing one
-        time.sleep(0.05)
-        if path.name.startswith("step_0000020"):
-            raise OSError(28, "No space left on device")
-        real(path, data)
-
-    monkeypatch.setattr(storage, "atomic_write_bytes", disk_full_at_20)
-    with pytest.raises(OSError, match="No space left"):
-        training.train(cfg, tmp_path / "failed", progress=False)
-    monkeypatch.setattr(storage, "atomic_write_bytes", real)
+    with monkeypatch.context() as m:  # slow too, so later checkpoints are queued behind the failing one
+        _slow_writes(m, 0.05, fail_at="step_0000020")
+        with pytest.raises(OSError, match="No space left"):
+            training.train(cfg, tmp_path / "failed", progress=False)
     run = tmp_path / "failed"
     assert [m["step"] for m in json.loads((run / "checkpoints" / "manifest.json").read_text())] == [0, 10]
     assert int(load_tensors(run / "resume.safetensors")["epoch"]) == 10  # nothing written after the failure
