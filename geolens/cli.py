@@ -18,7 +18,7 @@ console = Console()
 err = Console(stderr=True)
 
 # training options shared by `train` and `sweep`
-Preset = Annotated[str, typer.Option(help="ln, rms, none, sphere, fb, sphere_raw; modifiers +uniform, +fourier.")]
+Preset = Annotated[str, typer.Option(help="ln, rms, none, sphere, fb, sphere_raw; modifiers +uniform, +fourier, +notebook.")]
 Task = Annotated[Optional[str], typer.Option(help="add, sub, mul (Z_p) or perm (S_n).")]
 Modulus = Annotated[Optional[int], typer.Option("--p", help="Modulus (prime) for Z_p tasks.")]
 Lr = Annotated[Optional[float], typer.Option(help="AdamW learning rate.")]

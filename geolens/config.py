@@ -17,7 +17,7 @@ from geolens.errors import GeoError
 NORMS = ("none", "layernorm", "rmsnorm", "sphere")
 UNEMBEDS = ("raw", "bounded")
 ATTENTIONS = ("learned", "uniform")
-INITS = ("paper", "tl")
+INITS = ("paper", "notebook", "tl")
 TASKS = ("add", "sub", "mul", "perm")
 
 PAPER_FOURIER_FREQS = (14, 35, 41, 42, 52)
@@ -157,6 +157,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 MODIFIERS: dict[str, dict[str, Any]] = {
     "uniform": dict(attention="uniform"),
     "fourier": dict(fourier_init=list(PAPER_FOURIER_FREQS)),
+    "notebook": dict(init="notebook"),
 }
 
 
@@ -164,11 +165,11 @@ def preset_fields(preset: str) -> dict[str, Any]:
     """Field values of a preset string such as 'fb+uniform+fourier'."""
     base, *mods = preset.split("+")
     if base not in PRESETS:
-        raise GeoError(f"unknown preset '{base}'; choose one of {', '.join(PRESETS)} (modifiers: +uniform, +fourier)")
+        raise GeoError(f"unknown preset '{base}'; choose one of {', '.join(PRESETS)} (modifiers: +uniform, +fourier, +notebook)")
     fields = dict(PRESETS[base])
     for m in mods:
         if m not in MODIFIERS:
-            raise GeoError(f"unknown preset modifier '+{m}'; choose from +uniform, +fourier")
+            raise GeoError(f"unknown preset modifier '+{m}'; choose from +uniform, +fourier, +notebook")
         fields.update(MODIFIERS[m])
     fields["preset"] = preset
     return fields

@@ -234,10 +234,17 @@ class GeoTransformer(HookedRootModule):
     # ---- initialisation ----
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
-        """'paper': PyTorch defaults of the author's notebooks (embeddings N(0,1), linear weights and
-        biases U(+-1/sqrt(fan_in))). 'tl': HookedTransformer-style N(0, (0.8/sqrt(d_model))^2)
-        weights, zero biases. Norm gains 1, offsets 0. Then the optional Fourier embedding."""
+        """'paper': the distributions of the author's notebooks (embeddings N(0,1), linear weights and
+        biases U(+-1/sqrt(fan_in))), drawn from a private generator in parameter order. 'notebook':
+        exactly the notebooks' initial tensors for this seed (_init_like_notebooks). 'tl':
+        HookedTransformer-style N(0, (0.8/sqrt(d_model))^2) weights, zero biases. Norm gains 1,
+        offsets 0. Then the optional Fourier embedding."""
         cfg = self.cfg
+        if cfg.init == "notebook":
+            self._init_like_notebooks(seed)
+            if cfg.fourier_init:
+                self.apply_fourier_init(cfg.fourier_init)
+            return
         g = torch.Generator().manual_seed(seed)
         for name, param in self.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
@@ -258,6 +265,36 @@ class GeoTransformer(HookedRootModule):
                 param.uniform_(-bound, bound, generator=g)
         if cfg.fourier_init:
             self.apply_fourier_init(cfg.fourier_init)
+
+    @torch.no_grad()
+    def _init_like_notebooks(self, seed: int) -> None:
+        """The author's notebooks' initial weights for `seed`: torch.manual_seed(seed), then the
+        notebook modules built in their order with PyTorch's default initialisation, mapped onto the
+        HookedTransformer layout (an nn.Linear weight is [out, in]; heads are contiguous blocks of
+        d_head outputs of W_Q/W_K/W_V and of d_head inputs of W_O). Norms draw nothing. The global
+        generator is forked, so the caller's random state is left as it was."""
+        cfg = self.cfg
+        H, D, Dh = cfg.n_heads, cfg.d_model, cfg.d_head
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            tok, pos = nn.Embedding(cfg.d_vocab, D), nn.Embedding(cfg.n_ctx, D)
+            self.embed.W_E.copy_(tok.weight)
+            self.pos_embed.W_pos.copy_(pos.weight)
+            for block in self.blocks:
+                attn, mlp = block.attn, block.mlp
+                for W in (attn.W_Q, attn.W_K, attn.W_V):  # [H * Dh, D] -> [H, D, Dh]
+                    W.copy_(nn.Linear(D, H * Dh, bias=False).weight.T.reshape(D, H, Dh).permute(1, 0, 2))
+                attn.W_O.copy_(nn.Linear(H * Dh, D, bias=False).weight.T.reshape(H, Dh, D))
+                mlp_in, mlp_out = nn.Linear(D, cfg.d_mlp), nn.Linear(cfg.d_mlp, D)
+                mlp.W_in.copy_(mlp_in.weight.T)
+                mlp.b_in.copy_(mlp_in.bias)
+                mlp.W_out.copy_(mlp_out.weight.T)
+                mlp.b_out.copy_(mlp_out.bias)
+            self.unembed.W_U.copy_(nn.Linear(D, cfg.d_vocab_out, bias=False).weight.T)
+        for name, param in self.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if leaf in ("w", "b"):
+                param.fill_(1.0 if leaf == "w" else 0.0)
 
     @torch.no_grad()
     def apply_fourier_init(self, freqs: list[int]) -> None:

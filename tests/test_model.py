@@ -1,7 +1,9 @@
 """GeoTransformer: hook names, geometric invariants, and equality with the paper's equations."""
 
 import itertools
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,3 +192,42 @@ def test_model_runs_on_the_dataset():
     cfg = make_config("rms", **SMALL)
     x, y = make_dataset(cfg).train
     assert GeoTransformer(cfg)(x).shape == (len(y), cfg.p)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_notebook_init_reproduces_the_author_notebooks_tensors(seed):
+    # tests/data/notebook_init.json (a copy of ../shared/reference/notebook_init.json): the notebooks'
+    # initial tensors for seeds 1-3 (shape, sum, sum of squares, first and last values), in their layout
+    ref = json.loads((Path(__file__).parent / "data" / "notebook_init.json").read_text())["seeds"][str(seed)]
+    model = GeoTransformer(make_config("fb+notebook", seed=seed))
+    attn, mlp, D = model.blocks[0].attn, model.blocks[0].mlp, model.cfg.d_model
+
+    def heads_to_linear(W):  # [H, D, Dh] -> nn.Linear weight [H * Dh, D]
+        return W.permute(1, 0, 2).reshape(D, -1).T
+
+    notebook = {"tok_embed.weight": model.embed.W_E, "pos_embed.weight": model.pos_embed.W_pos,
+                "W_Q.weight": heads_to_linear(attn.W_Q), "W_K.weight": heads_to_linear(attn.W_K),
+                "W_V.weight": heads_to_linear(attn.W_V), "W_O.weight": attn.W_O.reshape(-1, D).T,
+                "mlp_in.weight": mlp.W_in.T, "mlp_in.bias": mlp.b_in, "mlp_out.weight": mlp.W_out.T,
+                "mlp_out.bias": mlp.b_out, "unembed.weight": model.unembed.W_U.T}
+    assert set(notebook) == set(ref)
+    for name, want in ref.items():
+        t = notebook[name].detach().contiguous()
+        assert list(t.shape) == want["shape"], name
+        assert t.double().sum().item() == pytest.approx(want["sum"], abs=1e-4), name
+        assert t.double().square().sum().item() == pytest.approx(want["sum_sq"], abs=1e-3), name
+        flat = t.flatten()
+        assert torch.allclose(flat[: len(want["first"])], torch.tensor(want["first"]), atol=1e-6), name
+        assert torch.allclose(flat[-len(want["last"]):], torch.tensor(want["last"]), atol=1e-6), name
+    before = torch.random.get_rng_state()
+    GeoTransformer(make_config("fb+notebook", seed=seed))
+    assert torch.equal(torch.random.get_rng_state(), before)  # the caller's global generator is untouched
+
+
+def test_notebook_init_keeps_fourier_and_norm_defaults():
+    model = GeoTransformer(make_config("ln+notebook+fourier", seed=1))
+    plain = GeoTransformer(make_config("ln+notebook", seed=1))
+    assert torch.equal(model.blocks[0].attn.W_Q, plain.blocks[0].attn.W_Q)
+    assert not torch.equal(model.embed.W_E[:, :2], plain.embed.W_E[:, :2])
+    assert torch.equal(model.embed.W_E[:, 10:], plain.embed.W_E[:, 10:])
+    assert torch.equal(model.embed_norm.w, torch.ones(model.cfg.d_model))
