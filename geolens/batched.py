@@ -20,6 +20,7 @@ done (the batch ends when the last member stops).
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -31,6 +32,7 @@ from geolens.errors import GeoError
 from geolens.fast import stacked_fast_logits
 from geolens.model import GeoTransformer
 from geolens.progress import EpochProgress, sweep_stats
+from geolens.runlock import NewRunClaim
 from geolens.schedule import parse_schedule
 from geolens.storage import BackgroundWriter, RunDir
 from geolens.tasks import make_dataset
@@ -40,9 +42,12 @@ from geolens.train import (
     early_stop_due,
     finish_run,
     make_optimizer,
+    mark_started,
     metrics_row,
     onset_events,
     optimizer_tensors,
+    out_of_memory_as_error,
+    preflight,
     run_header,
     squared_norms,
     synchronize,
@@ -113,12 +118,19 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
     if len(outs) != len(cfgs):
         raise GeoError(f"{len(cfgs)} member configs but {len(outs)} output directories")
     dev = training_device(cfgs[0])
-    runs = [RunDir(o) for o in outs]
-    taken = [str(r.path) for r in runs if r.exists()]
+    engine = preflight(cfgs[0], dev, members=len(cfgs))
+    taken = [str(o) for o in outs if RunDir(o).exists()]
     if taken and not force:
         raise GeoError(f"run directories {taken} already exist; use --force to replace them or choose another --out")
-    for r in runs:
-        r.prepare_new(force)
+    with ExitStack() as stack, out_of_memory_as_error(cfgs[0], engine):
+        claims = [stack.enter_context(NewRunClaim(o, force)) for o in outs]
+        return _train_members(cfgs, claims, dev, progress)
+
+
+def _train_members(cfgs: list[GeoConfig], claims: list[NewRunClaim], dev: torch.device,
+                   progress: bool) -> list[TrainResult]:
+    """The batched loop of train_batched, writing member i through claims[i]."""
+    runs = [RunDir(c.path) for c in claims]
     S, cfg = len(cfgs), cfgs[0]
     models = [GeoTransformer(c).to(dev) for c in cfgs]
     opts = [make_optimizer(m) for m in models]
@@ -166,6 +178,8 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
                     if done or schedule.wants(epoch, last, new_rows[i]):
                         write_checkpoint(writer, runs[i], models[i].state_dict(), optimizer_tensors(models[i], opts[i]),
                                          epoch, rows[i], manifests[i], events, headers[i], timing, cfg.eval_every)
+                        if last is None:
+                            writer.submit(mark_started, claims[i], runs[i])
                     if done:
                         ev = finish_run(writer, runs[i], headers[i], rows[i], 0, stop_reason, cfg.eval_every, timing)
                         results[i] = TrainResult(runs[i].path, rows[i], ev, f"{ENGINE}-{forward.engine}")

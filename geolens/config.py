@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +95,7 @@ class GeoConfig:
 
     # ---- checks -----------------------------------------------------------------------------
     def validate(self) -> None:
+        self._check_types()
         _choice("task", self.task, TASKS)
         _choice("norm", self.norm, NORMS)
         _choice("unembed", self.unembed, UNEMBEDS)
@@ -104,10 +106,29 @@ class GeoConfig:
             raise GeoError(f"device = {self.device!r} is not a device; use cpu, cuda or cuda:N")
         if self.task in ("add", "sub", "mul") and not _is_prime(self.p):
             raise GeoError(f"p = {self.p} is not prime; task '{self.task}' needs a prime p (e.g. 113)")
+        if self.task in ("add", "sub", "mul") and self.p < 3:
+            raise GeoError(f"p = {self.p} is too small: with {self.p} classes there is nothing to learn and no Fourier "
+                           "frequency; use a prime p >= 3 (e.g. 113)")
         if self.task == "perm" and not 2 <= self.n_perm <= 6:
             raise GeoError(f"n_perm = {self.n_perm} is out of range; S_n composition supports 2 <= n <= 6")
         if not 0.0 < self.frac_train < 1.0:
             raise GeoError(f"frac_train = {self.frac_train} must lie strictly between 0 and 1")
+        n_train, n_test = self.split_sizes
+        if min(n_train, n_test) < 1:
+            empty = "training" if n_train < 1 else "test"
+            raise GeoError(f"frac_train = {self.frac_train} leaves the {empty} split empty ({n_train} train / {n_test} "
+                           f"test of {self.n_classes ** 2} pairs); choose --frac so that both splits hold examples")
+        _positive_finite("lr", self.lr)
+        _positive_finite("tau", self.tau)
+        for name in ("ln_eps", "rms_eps", "sphere_eps"):
+            _positive_finite(name, getattr(self, name))
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise GeoError(f"weight_decay = {self.weight_decay} must be a finite number >= 0 (e.g. --wd 1.0)")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise GeoError(f"{name} = {getattr(self, name)} must lie in [0, 1) (AdamW betas, e.g. 0.9, 0.999)")
+        if self.early_stop_after is not None and self.early_stop_after < 0:
+            raise GeoError(f"early_stop_after = {self.early_stop_after} must be >= 0 epochs (or none: no early stop)")
         if self.n_layers < 1:
             raise GeoError(f"n_layers = {self.n_layers} must be >= 1")
         if self.n_heads * self.d_head <= 0 or self.d_model <= 0 or self.d_mlp <= 0:
@@ -125,6 +146,25 @@ class GeoConfig:
         from geolens.schedule import parse_schedule
 
         parse_schedule(self.checkpoints)
+
+    def _check_types(self) -> None:
+        """Every field has its declared type (a hand-edited run.json may hold "p": "23"); ints are
+        accepted for float fields and stored as floats."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float" and type(value) is int:
+                setattr(self, f.name, float(value))
+                continue
+            if not _TYPE_CHECKS[f.type](value):
+                raise GeoError(f"config field '{f.name}' = {value!r} is a {type(value).__name__}, not {f.type}; "
+                               f"fix it (e.g. --set {f.name}=...) or restore the run's run.json")
+
+    @property
+    def split_sizes(self) -> tuple[int, int]:
+        """(n_train, n_test) of the task's split (tasks.make_dataset)."""
+        n = self.n_classes**2
+        n_train = int(n * self.frac_train)
+        return n_train, n - n_train
 
     # ---- (de)serialisation ------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -208,6 +248,35 @@ def parse_override(text: str) -> tuple[str, Any]:
     except ValueError:
         raise GeoError(f"override '{text}': '{raw}' is not a valid {type(default).__name__} for '{key}'") from None
     return key, value
+
+
+_TYPE_CHECKS = {
+    "str": lambda v: isinstance(v, str),
+    "int": lambda v: type(v) is int,
+    "float": lambda v: type(v) is float,
+    "bool": lambda v: type(v) is bool,
+    "list[int]": lambda v: isinstance(v, list) and all(type(x) is int for x in v),
+    "int | None": lambda v: v is None or type(v) is int,
+}
+
+
+def training_warnings(cfg: GeoConfig) -> list[str]:
+    """Settings that train but are probably not what was meant (each a one-line warning)."""
+    out = []
+    n_train, n_test = cfg.split_sizes
+    for name, n in (("training", n_train), ("test", n_test)):
+        if n < SMALL_SPLIT:
+            out.append(f"the {name} split has only {n} example(s), so its accuracy moves in steps of "
+                       f"{1 / n:.2g}; choose --frac so that both splits hold at least {SMALL_SPLIT}")
+    return out
+
+
+SMALL_SPLIT = 10
+
+
+def _positive_finite(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise GeoError(f"{name} = {value} must be a finite number > 0")
 
 
 def _choice(name: str, value: str, options: tuple[str, ...]) -> None:

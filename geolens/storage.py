@@ -18,7 +18,8 @@ import json
 import os
 import platform
 import queue
-import shutil
+import stat
+import struct
 import tempfile
 import threading
 import time
@@ -73,13 +74,37 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
-def read_json(path: Path) -> Any:
+MAX_JSON_BYTES = 256 << 20
+
+
+def read_limited(path: Path, limit: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes (ValueError otherwise: never read a device or
+    an endless file whole)."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            raise ValueError("not a regular file" if not stat.S_ISREG(st.st_mode) else f"{st.st_size} bytes: too large")
+        return f.read(limit + 1)
+
+
+def read_json(path: Path, kind: type | None = None) -> Any:
+    """JSON from `path`; kind (dict or list): the top-level type it must have."""
     try:
-        return json.loads(path.read_text())
+        obj = json.loads(read_limited(path).decode("utf-8"))
     except FileNotFoundError:
         raise GeoError(f"{path} is missing; is this a geolens run directory? (create one with `geolens train`)") from None
+    except IsADirectoryError:
+        raise GeoError(f"{path} is a folder, not a file; restore the file or retrain the run") from None
+    except UnicodeDecodeError:
+        raise GeoError(f"{path} is corrupt (not UTF-8 text); restore it or retrain the run") from None
     except json.JSONDecodeError as e:
         raise GeoError(f"{path} is corrupt ({e.msg} at line {e.lineno}); restore it or retrain the run") from None
+    except ValueError as e:
+        raise GeoError(f"{path} is corrupt ({e}); restore it or retrain the run") from None
+    if kind is not None and not isinstance(obj, kind):
+        raise GeoError(f"{path} is corrupt (expected a JSON {'object' if kind is dict else 'list'}, found "
+                       f"{type(obj).__name__}); restore it or retrain the run")
+    return obj
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -87,13 +112,57 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
     atomic_write_bytes(path, st_save(tensors, metadata=metadata))
 
 
-def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on the JSON header
+
+
+class CorruptTensors(ValueError):
+    """A safetensors file whose header or size is not what it declares."""
+
+
+def tensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """(header, total size in bytes) a safetensors file declares, checked against the file: a regular
+    file whose size is exactly 8 + header length + the data its tensors declare. Raises
+    FileNotFoundError or CorruptTensors; reads only the header."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptTensors("not a regular file")
+        head = f.read(8)
+        if len(head) < 8:
+            raise CorruptTensors(f"{st.st_size} bytes: too short for a header")
+        n = struct.unpack("<Q", head)[0]
+        if n > min(MAX_HEADER_BYTES, st.st_size - 8):
+            raise CorruptTensors(f"declares a {n}-byte header in a {st.st_size}-byte file")
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise CorruptTensors("unreadable header") from None
+    if not isinstance(header, dict):
+        raise CorruptTensors("unreadable header")
     try:
-        return st_load(path.read_bytes())
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (TypeError, KeyError, IndexError, ValueError):
+        raise CorruptTensors("unreadable tensor table") from None
+    size = 8 + n + max(ends, default=0)
+    if st.st_size != size:
+        raise CorruptTensors(f"{st.st_size} bytes on disk but {size} declared (truncated or overwritten)")
+    return header, size
+
+
+def load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, reading no more than the size its header declares."""
+    run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    try:
+        _, size = tensors_header(path)
+        with open(path, "rb") as f:
+            data = f.read(size)
+        return st_load(data)
     except FileNotFoundError:
-        raise GeoError(f"checkpoint {path} is missing; list the run's checkpoints with `geolens info --run {path.parent.parent}`") from None
-    except (SafetensorError, ValueError, OSError) as e:
-        raise GeoError(f"checkpoint {path} is corrupt ({e}); delete it or retrain from an earlier checkpoint") from None
+        raise GeoError(f"checkpoint {path} is missing; `geolens repair --run {run}` drops it from the manifest "
+                       "(or restore the file)") from None
+    except (CorruptTensors, SafetensorError, ValueError, OSError) as e:
+        raise GeoError(f"checkpoint {path} is corrupt ({e}); `geolens repair --run {run}` sets it aside "
+                       "(or restore the file)") from None
 
 
 # ---- metrics table ---------------------------------------------------------------------------
@@ -108,13 +177,16 @@ def write_metrics(path: Path, rows: list[dict[str, float]]) -> None:
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
     try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-        return [{k: (int(r[k]) if k == "epoch" else float(r[k])) for k in METRIC_COLUMNS} for r in rows]
+        rows = list(csv.DictReader(io.StringIO(read_limited(path).decode("utf-8"), newline="")))
+        out = [{k: (int(r[k]) if k == "epoch" else float(r[k])) for k in METRIC_COLUMNS} for r in rows]
     except FileNotFoundError:
         raise GeoError(f"{path} is missing; the run has not recorded an evaluation yet") from None
-    except (KeyError, ValueError, TypeError) as e:
-        raise GeoError(f"{path} is corrupt ({e!r}); restore it or retrain the run") from None
+    except (KeyError, ValueError, TypeError, UnicodeDecodeError, csv.Error) as e:
+        raise GeoError(f"{path} is corrupt ({type(e).__name__}: {e}); restore it or retrain the run") from None
+    epochs = [r["epoch"] for r in out]
+    if any(b <= a for a, b in zip(epochs, epochs[1:])):
+        raise GeoError(f"{path} is corrupt (epochs not in increasing order); restore it or retrain the run")
+    return out
 
 
 # ---- run directory ---------------------------------------------------------------------------
@@ -144,35 +216,26 @@ class RunDir:
     resume_file = property(lambda self: self.path / "resume.safetensors")
 
     def exists(self) -> bool:
-        return self.path.exists() and any(self.path.iterdir())
+        """Whether the folder holds anything (a lock file and write temporaries do not count)."""
+        from geolens.runlock import holds_data
 
-    def prepare_new(self, force: bool) -> None:
-        """Create an empty run folder; an existing non-empty one is refused unless force."""
-        if self.path.exists() and not self.path.is_dir():
-            raise GeoError(f"--out {self.path} exists and is not a directory; choose another --out")
-        if self.exists():
-            if not force:
-                raise GeoError(
-                    f"run directory {self.path} already exists; use --resume to continue it, --force to replace it, "
-                    "or choose another --out"
-                )
-            if not self.run_json.exists():
-                raise GeoError(f"--force refused: {self.path} is not a geolens run (no run.json); choose another --out")
-            shutil.rmtree(self.path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        return self.path.is_dir() and holds_data(self.path)
 
     def read_header(self) -> dict[str, Any]:
-        """run.json, checked for format and version."""
+        """run.json, checked for format, version and a config object."""
         if not self.path.is_dir():
             raise GeoError(f"run directory {self.path} does not exist; train one with `geolens train --out {self.path}`")
-        header = read_json(self.run_json)
+        header = read_json(self.run_json, dict)
         if header.get("format") != FORMAT:
-            raise GeoError(f"{self.run_json} is not a geolens run file (format {header.get('format')!r})")
+            raise GeoError(f"{self.run_json} is not a geolens run file (format {header.get('format')!r}); "
+                           "point --run at a folder written by `geolens train`")
         if header.get("format_version") != FORMAT_VERSION:
             raise GeoError(
                 f"{self.path} was written in run format {header.get('format_version')} but this geolens reads format "
                 f"{FORMAT_VERSION}; use the geolens version recorded in run.json ({header.get('versions', {}).get('geolens')})"
             )
+        if not isinstance(header.get("config"), dict):
+            raise GeoError(f"{self.run_json} is corrupt (no 'config' object); restore it or retrain the run")
         return header
 
     def write_header(self, header: dict[str, Any]) -> None:
@@ -183,12 +246,30 @@ class RunDir:
         return self.ckpt_dir / f"step_{step:07d}.safetensors"
 
     def read_manifest(self) -> list[dict[str, Any]]:
+        """The manifest's entries, checked: objects with an integer `step` (ascending, no repeats) and
+        the `file` of that step. Missing manifest: []."""
         if not self.manifest_json.exists():
             return []
-        entries = read_json(self.manifest_json)
-        if not isinstance(entries, list):
-            raise GeoError(f"{self.manifest_json} is corrupt (expected a list); restore it or retrain the run")
+        entries = read_json(self.manifest_json, list)
+        last = -1
+        for e in entries:
+            step = e.get("step") if isinstance(e, dict) else None
+            if type(step) is not int or step <= last or e.get("file") != f"checkpoints/{self.ckpt_path(step).name}":
+                raise GeoError(f"{self.manifest_json} is corrupt (entry {e!r:.80}); `geolens repair --run {self.path}` "
+                               "rebuilds it from the checkpoint files")
+            last = step
         return entries
+
+    def checkpoint_files(self) -> dict[int, Path]:
+        """{step: path} of the step_XXXXXXX.safetensors files on disk, listed or not."""
+        if not self.ckpt_dir.is_dir():
+            return {}
+        out = {}
+        for f in self.ckpt_dir.glob("step_*.safetensors"):
+            digits = f.name[len("step_") : -len(".safetensors")]
+            if digits.isdigit():
+                out[int(digits)] = f
+        return dict(sorted(out.items()))
 
     def manifest_entry(self, step: int, info: dict[str, Any]) -> dict[str, Any]:
         """The manifest entry of checkpoint `step` (info: that step's metrics)."""

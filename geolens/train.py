@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -19,10 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from geolens.config import GeoConfig
-from geolens.errors import GeoError
+from geolens.config import GeoConfig, training_warnings
+from geolens.errors import GeoError, warn
+from geolens.integrity import resume_point
 from geolens.model import GeoTransformer
 from geolens.progress import EpochProgress, run_stats
+from geolens.resources import check_fits, is_out_of_memory, out_of_memory_error
+from geolens.runlock import NewRunClaim, RunLock
 from geolens.schedule import parse_schedule
 from geolens.storage import (
     BackgroundWriter,
@@ -30,7 +34,6 @@ from geolens.storage import (
     atomic_write_json,
     load_tensors,
     package_versions,
-    read_metrics,
     save_tensors,
     write_metrics,
 )
@@ -142,18 +145,42 @@ class TrainResult:
     engine: str
 
 
+def preflight(cfg: GeoConfig, dev: torch.device, members: int = 1) -> str:
+    """Checks made before anything is written: the engine (choose_engine), and that the run fits in
+    memory here (a GeoError if not); warns about settings that are probably not what was meant.
+    Returns the engine name."""
+    engine, _ = choose_engine(cfg)
+    for message in training_warnings(cfg) + check_fits(cfg, engine, dev, members):
+        warn(message)
+    return engine
+
+
+@contextmanager
+def out_of_memory_as_error(cfg: GeoConfig, engine: str):
+    """Turn an allocation failure inside the block into a one-line GeoError."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as e:
+        if is_out_of_memory(e):
+            raise out_of_memory_error(cfg, engine) from None
+        raise
+
+
 def train(cfg: GeoConfig, out: str | Path, force: bool = False, progress: bool = True) -> TrainResult:
-    """Train a new run into `out` (refused if it exists, unless force)."""
+    """Train a new run into `out` (refused if it exists, unless force: then the new run is built beside
+    the old one, which is replaced only once the new run's first checkpoint is written)."""
     dev = training_device(cfg)
-    run = RunDir(out)
-    run.prepare_new(force)
-    model = GeoTransformer(cfg).to(dev)  # initialised on the CPU: the same init on every device
-    opt = make_optimizer(model)
-    return _loop(run, model, opt, start=0, rows=[], manifest=[], progress=progress)
+    engine = preflight(cfg, dev)
+    with NewRunClaim(out, force) as claim, out_of_memory_as_error(cfg, engine):
+        model = GeoTransformer(cfg).to(dev)  # initialised on the CPU: the same init on every device
+        opt = make_optimizer(model)
+        return _loop(RunDir(claim.path), model, opt, start=0, rows=[], manifest=[], progress=progress, claim=claim)
 
 
 def resume(out: str | Path, progress: bool = True, **changes) -> TrainResult:
-    """Continue a run from its resume state; only `epochs`, `early_stop_after` and `device` may change."""
+    """Continue a run from its resume state; only `epochs`, `early_stop_after` and `device` may change.
+    The run directory is locked for the whole run; an inconsistent one is refused, except that a
+    manifest that disagrees with the checkpoint files is rebuilt from them (exactly; a warning says so)."""
     run = RunDir(out)
     header = run.read_header()
     bad = sorted(set(changes) - set(RESUMABLE_FIELDS))
@@ -161,23 +188,35 @@ def resume(out: str | Path, progress: bool = True, **changes) -> TrainResult:
         raise GeoError(f"--resume cannot change {bad}; only {list(RESUMABLE_FIELDS)} may change (start a new run instead)")
     cfg = GeoConfig.from_dict({**header["config"], **changes})
     dev = training_device(cfg)
-    if not run.resume_file.exists():
-        raise GeoError(f"{run.resume_file} is missing: the run has no checkpoint to resume from; retrain with --force")
-    state = load_tensors(run.resume_file)
-    model = GeoTransformer(cfg)
-    model.load_state_dict({k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
-    model.to(dev)
-    opt = make_optimizer(model)
-    load_optimizer_tensors(model, opt, state)
-    step = int(state["epoch"].item())
-    if step >= cfg.epochs:
-        raise GeoError(f"{run.path} is already at epoch {step}; pass --epochs N with N > {step} to extend it")
-    rows = [r for r in read_metrics(run.metrics_csv) if r["epoch"] <= step]
-    manifest = [m for m in run.read_manifest() if m["step"] <= step]
-    return _loop(run, model, opt, start=step, rows=rows, manifest=manifest, progress=progress, resumed=True)
+    engine = preflight(cfg, dev)
+    with RunLock(run.path, "resume"), out_of_memory_as_error(cfg, engine):
+        if not run.resume_file.exists():
+            raise GeoError(f"{run.resume_file} is missing: the run has no checkpoint to resume from; retrain with --force")
+        state = load_tensors(run.resume_file)
+        step = int(state["epoch"].item())
+        if step >= cfg.epochs:
+            raise GeoError(f"{run.path} is already at epoch {step}; pass --epochs N with N > {step} to extend it")
+        rows, manifest, notes = resume_point(run, step)
+        for note in notes:
+            warn(note)
+        if notes:
+            atomic_write_json(run.manifest_json, manifest)
+        model = GeoTransformer(cfg)
+        model.load_state_dict({k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
+        model.to(dev)
+        opt = make_optimizer(model)
+        load_optimizer_tensors(model, opt, state)
+        return _loop(run, model, opt, start=step, rows=rows, manifest=manifest, progress=progress, resumed=True)
 
 
-def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progress: bool, resumed: bool = False):
+def mark_started(claim: NewRunClaim, run: RunDir) -> None:
+    """Writer job after a new run's first checkpoint: the claim swaps it into place; later writes follow."""
+    claim.started()
+    run.path = claim.path
+
+
+def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progress: bool, resumed: bool = False,
+          claim: NewRunClaim | None = None):
     cfg = model.cfg
     torch.manual_seed(cfg.seed)
     data = make_dataset(cfg)
@@ -219,6 +258,8 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
                     done, stop_reason = True, "early_stop"
                 if done or schedule.wants(epoch, last_ckpt, row):
                     _checkpoint(writer, run, model, opt, epoch, rows, manifest, events, header, timing)
+                    if claim is not None and last_ckpt is None:
+                        writer.submit(mark_started, claim, run)
                     last_ckpt = manifest[-1]
                 timing["ckpt_s"] += time.perf_counter() - t2
                 bar.update(epoch, run_stats(row))
@@ -236,12 +277,17 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
 def finish_run(writer: BackgroundWriter, run: RunDir, header: dict, rows: list, start: int, stop_reason: str,
                eval_every: int, timing: dict) -> dict:
     """Queue the final events.json and the finished run.json on `writer`; returns the events."""
-    events = {**onset_events(rows), "stop_reason": stop_reason, "final_epoch": rows[-1]["epoch"] if rows else start,
-              "eval_every": eval_every}
+    events = finish_events(rows, stop_reason, eval_every, start)
     timing = {**timing, "ms_per_epoch": 1000 * timing["train_s"] / max(timing["epochs_timed"], 1)}
     writer.submit(_write_finish, writer, run, dict(events), {**header, "status": "finished", "stop_reason": stop_reason,
                                                              "timing": timing})
     return events
+
+
+def finish_events(rows: list[dict], stop_reason: str, eval_every: int, start: int = 0) -> dict:
+    """events.json of a finished run: onset_events of its metrics rows, how and where it ended."""
+    return {**onset_events(rows), "stop_reason": stop_reason, "final_epoch": rows[-1]["epoch"] if rows else start,
+            "eval_every": eval_every}
 
 
 def _write_finish(writer: BackgroundWriter, run: RunDir, events: dict, header: dict) -> None:
