@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from geolens.config import make_config, parse_override
-from geolens.errors import GeoError
+from geolens.errors import GeoError, GeoWarning
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Grokking geometry toolkit.")
-console = Console()
-err = Console(stderr=True)
+# markup off: paths, presets and messages are printed as they are, never parsed as rich markup
+console = Console(markup=False)
+err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 
 # training options shared by `train` and `sweep`
 Preset = Annotated[str, typer.Option(help="ln, rms, none, sphere, fb, sphere_raw; modifiers +uniform, +fourier, +notebook.")]
@@ -160,8 +165,28 @@ def demo(
 
 @app.command()
 def info(run: Path = typer.Option(..., help="Run directory.")) -> None:
-    """Summarise a run: config, progress, onset events, checkpoints."""
-    _print_summary(run)
+    """Summarise a run: config, progress, onset events, checkpoints, and any damage (exit 1 if damaged)."""
+    from geolens.integrity import problems
+    from geolens.storage import RunDir
+
+    damage = problems(RunDir(run))
+    _print_summary(run, damage)
+    if damage:
+        sys.exit(1)
+
+
+@app.command()
+def repair(run: Path = typer.Option(..., help="Run directory.")) -> None:
+    """Make a damaged run directory consistent where that is exact: rebuild the manifest from the
+    checkpoint files, move damaged checkpoints to checkpoints/damaged/, recompute events.json."""
+    from geolens.integrity import repair as repair_run
+    from geolens.runlock import RunLock
+    from geolens.storage import RunDir
+
+    with RunLock(run, "repair"):
+        done = repair_run(RunDir(run))
+    for line in done or [f"{run} is consistent; nothing to repair"]:
+        console.print(line)
 
 
 @app.command()
@@ -176,6 +201,8 @@ def analyze(
     workers: Optional[int] = typer.Option(None, help="Processes computing checkpoints, one thread each, this one "
                                           "included (default: one per CPU core when at least 16 checkpoints need "
                                           "computing, else 1: only this process)."),
+    out: Optional[Path] = typer.Option(None, help="Folder for the analysis (cache, metrics.csv, report, figures); "
+                                       "default RUN/analysis. Use it for a read-only run."),
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
     """Evaluate metrics at every checkpoint (cached), write analysis/metrics.csv and analysis/report.html."""
@@ -189,10 +216,10 @@ def analyze(
     except ValueError:
         raise GeoError(f"--keys '{keys}' must be auto, final or comma-separated frequencies, e.g. --keys 4,32") from None
     traj = analyze_run(r, _names(metrics), _ints(steps, "--steps"), progress=not quiet, keys=key_choice,
-                       workers=workers)
+                       workers=workers, out=out)
     report = write_report(traj, _ints(at, "--at"), tuple(f for f in static.split(",") if f))
     console.print(f"{len(traj.steps)} checkpoints, {traj.computed} metric evaluations computed "
-                  f"(the rest from cache); table {r.path / 'analysis' / 'metrics.csv'}; report {report}")
+                  f"(the rest from cache); table {traj.out / 'metrics.csv'}; report {report}")
     for name, reason in traj.skipped.items():
         console.print(f"skipped {name}: {reason}")
 
@@ -225,35 +252,91 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
         raise GeoError(f"{flag} '{text}' must be comma-separated integers, e.g. {flag} 0,400,1200") from None
 
 
-def _print_summary(path: Path) -> None:
+def _print_summary(path: Path, damage: list[str] = ()) -> None:
     from geolens.run import load_run
 
     table = Table(show_header=False, title=str(path))
     for key, value in load_run(path).summary().items():
         if value is not None:
             table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    for problem in damage:
+        table.add_row(Text("damaged", style="red"), problem)
     console.print(table)
 
 
+EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 1, 130, 143
+_terminated = False
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM ends a command like Ctrl-C: writes in progress finish, the last checkpoint is kept."""
+    global _terminated
+    _terminated = True
+    raise KeyboardInterrupt
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if issubclass(category, GeoWarning):
+        err.print(Text.assemble(("warning:", "yellow"), f" {message}"))
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> None:
+    err.print(Text.assemble(("error:", "red"), f" {message}"))
+    sys.exit(code)
+
+
+def _usage_problem(e: BaseException) -> str | None:
+    """The one-line message of a command-line usage error (click's or the click typer vendors)."""
+    if not (hasattr(e, "format_message") and getattr(e, "exit_code", None) == 2):
+        return None
+    ctx = getattr(e, "ctx", None)
+    command = ctx.command_path if ctx is not None else "geolens"
+    if type(e).__name__ == "NoArgsIsHelpError":
+        return (f"{command} needs a command; run `{command} --help` to list them" if command == "geolens"
+                else f"{command} needs options; run `{command} --help` to see them")
+    return f"{e.format_message().rstrip('.')}; run `{command} --help` for its usage"
+
+
 def main() -> None:
+    """The console script: runs the typer app; every failure is one line on stderr with a non-zero exit
+    (2: bad input or usage, 130: Ctrl-C, 143: SIGTERM, 1: an internal error, traceback with GEOLENS_DEBUG=1)."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    warnings.showwarning = _show_warning
     try:
-        code = app(standalone_mode=False)  # non-standalone typer returns exit codes (130 for Ctrl-C) instead of exiting
+        code = app(prog_name="geolens", standalone_mode=False)  # non-standalone typer returns exit codes (130 for Ctrl-C) instead of exiting
     except GeoError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
-        sys.exit(2)
+        _fail(str(e))
     except (typer.Exit, SystemExit) as e:
         sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
-    except Exception as e:  # click usage errors arrive here in non-standalone mode
-        import click
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    except Exception as e:
+        from geolens.resources import is_out_of_memory
 
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(1)
-        raise
-    if code == 130:
-        err.print("interrupted: what was already written is kept (checkpoints: continue with train --resume; "
+        if os.environ.get("GEOLENS_DEBUG"):
+            raise
+        usage = _usage_problem(e)
+        if usage is not None:
+            _fail(usage)
+        if type(e).__name__ == "Abort":
+            sys.exit(EXIT_INTERRUPTED)
+        if isinstance(e, OSError):
+            where = f" ({e.filename})" if e.filename else ""
+            _fail(f"{e.strerror or e}{where}; check that the folder exists, is writable and has free space")
+        if is_out_of_memory(e):
+            _fail(f"out of memory ({str(e).splitlines()[0][:120]}); use a smaller p or model, or a machine with more "
+                  "memory")
+        _fail(f"internal error: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}; rerun with "
+              "GEOLENS_DEBUG=1 for the traceback and report it", EXIT_INTERNAL)
+    if code == EXIT_INTERRUPTED:
+        what = "terminated" if _terminated else "interrupted"
+        err.print(f"{what}: what was already written is kept (checkpoints: continue with train --resume; "
                   "analysis: rerun analyze, it computes only what is missing)")
+        sys.exit(EXIT_TERMINATED if _terminated else EXIT_INTERRUPTED)
     if isinstance(code, int) and code:
         sys.exit(code)

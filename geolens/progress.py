@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
@@ -18,7 +19,7 @@ class EpochProgress:
             TimeRemainingColumn(),
             disable=not enabled,
         )
-        self.task = self.progress.add_task(label, total=total, completed=start, stats="")
+        self.task = self.progress.add_task(escape(label), total=total, completed=start, stats="")
 
     def __enter__(self) -> "EpochProgress":
         self.progress.__enter__()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,18 @@ class Run:
         return make_dataset(self.config)
 
     def nearest_step(self, step: int) -> int:
-        """The checkpointed epoch closest to `step` (ties go to the earlier one)."""
+        """The checkpointed epoch closest to `step` (ties go to the earlier one); `step` must be an integer
+        epoch between the first and the last checkpoint."""
+        try:
+            step = operator.index(step)
+        except TypeError:
+            raise GeoError(f"step {step!r} is not an integer epoch; pass e.g. 800") from None
         steps = self.steps
         if not steps:
             raise GeoError(f"{self.path} has no checkpoints yet ({self.dir.manifest_json} is empty or missing)")
+        if not steps[0] <= step <= steps[-1]:
+            raise GeoError(f"epoch {step} is outside the trajectory of {self.path} (checkpoints from epoch {steps[0]} "
+                           f"to {steps[-1]}); choose an epoch in that range")
         return min(steps, key=lambda s: (abs(s - step), s))
 
     def model_at(self, step: int) -> GeoTransformer:
@@ -75,18 +84,21 @@ class Run:
         return probe_run(self, step)
 
     def analyze(self, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = False,
-                keys: str | list[int] | None = None, workers: int | None = None):
-        """Metrics at every (or the chosen) checkpoint, cached: a trajectory.Trajectory.
+                keys: str | list[int] | None = None, workers: int | None = None, out: str | Path | None = None):
+        """Metrics at every (or the chosen) checkpoint, cached: a trajectory.Trajectory holding these and
+        every other cached metric of the run.
         keys: 'auto' (default), 'final' or frequencies to pin (trajectory.resolve_keys).
         workers: processes computing checkpoints, this one included (None: automatic; 1: only this
-        process; see trajectory.analyze_run)."""
+        process; see trajectory.analyze_run). out: the analysis folder (default RUN/analysis)."""
         from geolens.trajectory import analyze_run
 
-        return analyze_run(self, metrics, steps, progress, keys, workers)
+        return analyze_run(self, metrics, steps, progress, keys, workers, out)
 
     def summary(self) -> dict[str, Any]:
         """What `geolens info` prints."""
-        rows = self.metrics if self.dir.metrics_csv.exists() else []
+        rows = self._readable(lambda: self.metrics) or []
+        steps = self._readable(lambda: self.steps)
+        events = self._readable(lambda: self.events) or {}
         last = rows[-1] if rows else {}
         timing = self.header.get("timing", {})
         return {
@@ -106,12 +118,21 @@ class Run:
             "train_acc": last.get("train_acc"),
             "test_acc": last.get("test_acc"),
             "test_loss": last.get("test_loss"),
-            "onset_095": self.events.get("onset_095"),
-            "sustained_099": self.events.get("sustained_099"),
-            "stop_reason": self.events.get("stop_reason"),
-            "checkpoints": len(self.steps),
+            "onset_095": events.get("onset_095"),
+            "sustained_099": events.get("sustained_099"),
+            "stop_reason": events.get("stop_reason"),
+            "checkpoints": "unreadable manifest" if steps is None else len(steps),
             "ms_per_epoch": round(timing["ms_per_epoch"], 2) if "ms_per_epoch" in timing else None,
         }
+
+
+    @staticmethod
+    def _readable(read):
+        """read() or None when the file it reads is missing or damaged (the summary shows what it can)."""
+        try:
+            return read()
+        except GeoError:
+            return None
 
 
 def load_run(path: str | Path) -> Run:

@@ -2,31 +2,10 @@
 
 import json
 import sys
-from types import SimpleNamespace
 
 import pytest
 
-from geolens.cli import main
-
-TINY = ["--p", "23", "--frac", "0.5", "--set", "d_model=32", "--set", "d_head=8", "--set", "d_mlp=64"]
-
-
-@pytest.fixture
-def geolens(capsys, monkeypatch):
-    """Run `geolens ARGS` in-process through main(); returns returncode, stdout, stderr."""
-    monkeypatch.setenv("COLUMNS", "200")
-
-    def run(*args):
-        monkeypatch.setattr(sys, "argv", ["geolens", *map(str, args)])
-        code = 0
-        try:
-            main()
-        except SystemExit as e:
-            code = e.code or 0
-        out = capsys.readouterr()
-        return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
-
-    return run
+from conftest import TINY
 
 
 def test_train_info_and_resume(tmp_path, geolens):
