@@ -7,10 +7,13 @@ and VLine. Each figure of the report is built once as a spec, so both renderings
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, Union
+
+from geolens.storage import atomic_write_bytes
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
@@ -151,11 +154,12 @@ def save_static(spec: FigureSpec, folder: Path, formats: Sequence[str] = ("png",
             ax.legend(fontsize=7)
     fig.suptitle(spec.title)
     fig.tight_layout()
-    folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for fmt in formats:
         path = folder / f"{spec.name}.{fmt}"
-        fig.savefig(path, dpi=110)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt, dpi=110)
+        atomic_write_bytes(path, buf.getvalue())
         paths.append(path)
     plt.close(fig)
     return paths

@@ -10,7 +10,7 @@ import torch
 
 from geolens.plots import FigureSpec, Heatmap, Line, Panel, Region, VLine, save_static, to_plotly
 from geolens.storage import atomic_write_bytes
-from geolens.trajectory import ANALYSIS_DIR, Trajectory
+from geolens.trajectory import Trajectory, writing
 
 
 def onset_markers(run) -> list[VLine]:
@@ -95,16 +95,21 @@ def report_steps(traj: Trajectory, at: list[int] | None) -> list[int]:
     return sorted({run.nearest_step(onset), run.steps[-1]} if onset is not None else {run.steps[-1]})
 
 
-def fig_circles(traj: Trajectory, steps: list[int]) -> FigureSpec | None:
+def step_contexts(traj: Trajectory, steps: list[int]) -> dict:
+    """{step: AnalysisContext} of the per-step figures: one forward per checkpoint serves them all."""
     from geolens.analysis import AnalysisContext
-    from geolens.analysis.circuit import embedding_circles
 
     run = traj.run
-    if run.config.task == "perm":
+    return {step: AnalysisContext(run.model_at(step), run.config, run.dataset) for step in steps}
+
+
+def fig_circles(traj: Trajectory, contexts: dict) -> FigureSpec | None:
+    from geolens.analysis.circuit import embedding_circles
+
+    if traj.run.config.task == "perm":
         return None
     panels = []
-    for step in steps:
-        ctx = AnalysisContext(run.model_at(step), run.config, run.dataset)
+    for step, ctx in contexts.items():
         for c in embedding_circles(ctx.W_E_group, ctx.key_freqs):
             xs, ys = c.coords[:, 0].tolist(), c.coords[:, 1].tolist()
             panels.append(Panel(f"epoch {step}: k = {c.freq} (share {c.share:.2f})",
@@ -113,39 +118,41 @@ def fig_circles(traj: Trajectory, steps: list[int]) -> FigureSpec | None:
     return FigureSpec("embedding_circles", "Token embeddings on each key frequency's cos/sin plane", panels, cols=5)
 
 
-def fig_attention(traj: Trajectory, steps: list[int]) -> FigureSpec:
+def fig_attention(traj: Trajectory, contexts: dict) -> FigureSpec:
+    """Per step and layer a [heads x 3] heatmap: the mean attention of the `=` query onto (a, b, =)."""
     from geolens.analysis.circuit import attention_from_eq
 
-    run = traj.run
     panels = []
-    for step in steps:
-        model = run.model_at(step)
-        with torch.no_grad():
-            _, cache = model.run_with_cache(run.dataset.tokens, names_filter=lambda n: n.endswith("hook_pattern"))
-        for layer in range(run.config.n_layers):
-            mean, _ = attention_from_eq(cache, layer)
+    for step, ctx in contexts.items():
+        for layer in range(traj.run.config.n_layers):
+            mean, _ = attention_from_eq(ctx.eq, layer)  # [heads, 3]
             panels.append(Panel(f"epoch {step}, layer {layer}: attention of '='", [
                 Heatmap(mean.tolist(), ["a", "b", "="], [f"H{h}" for h in range(mean.shape[0])], "Blues")], "key", "head"))
     return FigureSpec("attention", "Mean attention of the '=' query onto (a, b, =)", panels, cols=min(3, len(panels)))
 
 
 def build_figures(traj: Trajectory, at: list[int] | None = None) -> list[FigureSpec]:
-    steps = report_steps(traj, at)
+    contexts = step_contexts(traj, report_steps(traj, at))
     specs = [fig_training(traj), fig_spectrum(traj), fig_progress(traj), fig_clock_pizza(traj),
-             fig_circles(traj, steps), fig_attention(traj, steps)]
+             fig_circles(traj, contexts), fig_attention(traj, contexts)]
     return [s for s in specs if s is not None and s.panels]
 
 
 def write_report(traj: Trajectory, at: list[int] | None = None, static: tuple[str, ...] = ("png", "svg")) -> Path:
-    """Write analysis/report.html and analysis/figures/<name>.<fmt>; returns the HTML path."""
+    """Write report.html and figures/<name>.<fmt> into the trajectory's analysis folder (figure files of
+    an earlier report that this one does not draw are removed); returns the HTML path."""
     run = traj.run
-    out = run.path / ANALYSIS_DIR
+    out = traj.out
     specs = build_figures(traj, at)
-    parts = []
-    for i, spec in enumerate(specs):
-        parts.append(to_plotly(spec).to_html(full_html=False, include_plotlyjs=(i == 0)))
-        if static:
-            save_static(spec, out / "figures", static)
+    with writing(out):
+        parts, written = [], set()
+        for i, spec in enumerate(specs):
+            parts.append(to_plotly(spec).to_html(full_html=False, include_plotlyjs=(i == 0)))
+            if static:
+                written.update(save_static(spec, out / "figures", static))
+        for stale in (out / "figures").glob("*.*") if (out / "figures").is_dir() else []:
+            if stale not in written and stale.is_file():
+                stale.unlink()
     summary = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                       for k, v in run.summary().items() if v is not None)
     skipped = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in traj.skipped.items())
@@ -155,12 +162,13 @@ def write_report(traj: Trajectory, at: list[int] | None = None, static: tuple[st
 </head><body>
 <h1>geolens report: {html.escape(str(run.path))}</h1>
 <table>{summary}</table>
-<p>{len(traj.steps)} checkpoints analysed; metric table: <code>analysis/metrics.csv</code> (step, metric, name, value);
+<p>{len(traj.steps)} checkpoints analysed; metric table: <code>metrics.csv</code> beside this page (step, metric, name, value);
 definitions: docs/metrics.md.</p>
 {f"<p>Skipped metrics:</p><ul>{skipped}</ul>" if skipped else ""}
 {"".join(parts)}
 </body></html>
 """
     path = out / "report.html"
-    atomic_write_bytes(path, page.encode())
+    with writing(out):
+        atomic_write_bytes(path, page.encode())
     return path

@@ -1,12 +1,17 @@
 """Metrics across a trajectory: every checkpoint of a run, cached per step, as one tidy table.
 
-Layout inside the run directory:
-    analysis/cache/step_XXXXXXX.json   {"checkpoint_sha256", "metrics": {name: {"version", ["keys",] "values" | "skipped"}}}
-    analysis/metrics.csv               tidy table: step, metric, name, value (one row per step and scalar)
+Layout of the analysis folder (RUN/analysis by default, or a folder of the caller's choice, e.g. for
+a read-only run; the run's own analysis/cache is then still read):
+    cache/step_XXXXXXX.json   {"checkpoint_sha256", "metrics": {name: {"version", ["keys",] "values" | "skipped"}}}
+    metrics.csv               tidy table: step, metric, name, value (one row per step and scalar)
 A rerun computes only what is missing: a metric whose definition version changed, a checkpoint
 whose bytes changed, or a key-frequency metric asked for with other keys ("keys": the pinned
 frequencies, null for each checkpoint's own) is recomputed; everything else is read back. Each step's cache file is
-written atomically as soon as that step is done, so an interrupted analysis keeps its work.
+written atomically as soon as that step is done, so an interrupted analysis keeps its work. The
+trajectory and metrics.csv hold everything known about the run, not only what one call asked for:
+every checkpoint's cached metrics (key-frequency metrics for the call's key choice).
+The analysis folder is locked while a call writes it (geolens.runlock); the default one must not be
+a symlink out of the run directory.
 Checkpoints are computed in parallel by the calling process and spawned single-threaded worker
 processes when there are enough of them (analyze_run's `workers`); all caching and writing stays in
 the calling process.
@@ -20,6 +25,8 @@ import io
 import json
 import multiprocessing
 import os
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,7 +36,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from geolens.errors import GeoError
 from geolens.run import Run
-from geolens.storage import atomic_write_bytes, atomic_write_json
+from geolens.runlock import RunLock
+from geolens.storage import CorruptTensors, atomic_write_bytes, atomic_write_json, read_limited, tensors_header
 
 ANALYSIS_DIR = "analysis"
 # fewer checkpoints to compute: in-process only. The caller computes while spawned workers import (~5 s);
@@ -39,13 +47,15 @@ AUTO_WORKERS_MIN_STEPS = 16
 
 @dataclass
 class Trajectory:
-    """Analysis results of a run: values[step][metric] = {scalar: value}; skipped[metric] = reason."""
+    """Analysis results of a run: values[step][metric] = {scalar: value}; skipped[metric] = reason;
+    out: the analysis folder (the report is written there)."""
 
     run: Run
     steps: list[int]
     values: dict[int, dict[str, dict[str, float]]]
     skipped: dict[str, str]
     computed: int  # how many (step, metric) pairs were computed in this call (the rest came from cache)
+    out: Path
 
     def series(self, metric: str, name: str | None = None) -> tuple[list[int], list[float]]:
         """(steps, values) of one scalar over the trajectory (name defaults to the metric's name)."""
@@ -55,24 +65,65 @@ class Trajectory:
 
 
 def _sha256(path: Path) -> str:
+    """SHA-256 of a checkpoint's bytes, read no further than the size its header declares."""
+    run = path.parent.parent
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        _, size = tensors_header(path)
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read(size)).hexdigest()
     except FileNotFoundError:
-        raise GeoError(f"checkpoint {path} is listed in the manifest but missing; retrain or remove it from the manifest") from None
+        raise GeoError(f"checkpoint {path} is listed in the manifest but missing; `geolens repair --run {run}` drops "
+                       "it from the manifest (or restore the file)") from None
+    except (CorruptTensors, OSError) as e:
+        raise GeoError(f"checkpoint {path} is corrupt ({e}); `geolens repair --run {run}` sets it aside "
+                       "(or restore the file)") from None
 
 
-def _read_cache(path: Path) -> dict:
-    if not path.exists():
-        return {}
+def _read_cache(folders: list[Path], step: int, sha: str) -> dict:
+    """The cached metrics of `step` for checkpoint bytes `sha` from the first folder that has them
+    ({} if none: a damaged or stale cache entry is only a cache, it is recomputed)."""
+    for folder in folders:
+        try:
+            cached = json.loads(read_limited(folder / "cache" / f"step_{step:07d}.json"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(cached, dict) and cached.get("checkpoint_sha256") == sha and isinstance(cached.get("metrics"), dict):
+            return cached["metrics"]
+    return {}
+
+
+def analysis_folder(run: Run, out: str | Path | None) -> Path:
+    """Where the analysis of `run` is written: `out`, or RUN/analysis, which must lie inside the run
+    directory (a symlinked analysis/ or analysis/cache|figures is refused)."""
+    if out is not None:
+        return Path(out)
+    folder = run.path / ANALYSIS_DIR
+    for p in (folder, folder / "cache", folder / "figures"):
+        if p.is_symlink():
+            raise GeoError(f"{p} is a symlink; geolens writes only inside the run directory: replace it with a folder, "
+                           "or pass --out DIR to write the analysis elsewhere")
+    return folder
+
+
+@contextmanager
+def writing(folder: Path):
+    """Create and lock the analysis folder for one writer (GeoError if it cannot be written)."""
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return {}  # a damaged cache entry is only a cache: it is recomputed
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GeoError(f"cannot write the analysis to {folder} ({e.strerror}); pass --out DIR to write it elsewhere") from None
+    if not os.access(folder, os.W_OK):
+        raise GeoError(f"cannot write the analysis to {folder} (read-only); pass --out DIR to write it elsewhere")
+    with RunLock(folder, "analyze", "pass --out DIR to write the analysis elsewhere"):
+        yield
 
 
 def select_steps(run: Run, steps: list[int] | None) -> list[int]:
     """The run's checkpoints, or the nearest checkpoint of each requested epoch (deduplicated)."""
     if not run.steps:
+        if run.dir.checkpoint_files():
+            raise GeoError(f"{run.path} has checkpoint files but {run.dir.manifest_json} lists none; "
+                           f"`geolens repair --run {run.path}` rebuilds the manifest from them")
         raise GeoError(f"{run.path} has no checkpoints yet ({run.dir.manifest_json}); train it first")
     if steps is None:
         return run.steps
@@ -111,6 +162,18 @@ def _metrics_at(run: Run, step: int, names: list[str], pinned: list[int] | None)
 _WORKER_RUNS: dict[str, Run] = {}  # per worker process: the run, loaded once
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Pool initializer: end this worker as soon as the process that started it is gone (killed
+    outright, it cannot shut its pool down)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="geolens-parent-watch", daemon=True).start()
+
+
 def _start_worker(path: str) -> None:
     """Load the run in this worker process (once), with one torch thread for all the worker's work
     (the workers and the caller fill the cores)."""
@@ -134,7 +197,8 @@ def _pool(workers: int):
     if workers < 1:
         yield None
         return
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_exit_with_parent,
+                               initargs=(os.getpid(),))
     try:
         yield pool
     finally:
@@ -178,15 +242,17 @@ def _results(run: Run, jobs: dict[int, list[str]], pinned, pool, n_workers: int)
 
 def analyze_run(
     run: Run, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = True,
-    keys: str | list[int] | None = None, workers: int | None = None,
+    keys: str | list[int] | None = None, workers: int | None = None, out: str | Path | None = None,
 ) -> Trajectory:
-    """Evaluate metrics (all by default) at the chosen checkpoints, reusing the cache.
+    """Evaluate metrics (all by default) at the chosen checkpoints, reusing the cache; returns (and
+    writes to OUT/metrics.csv) everything known about the run: these and every other cached metric.
 
     keys: resolve_keys choice for the key-frequency metrics (default: each checkpoint's own).
     workers: processes computing checkpoints, one thread each, the calling process included (it
     computes while the workers-1 spawned ones start); None: os.cpu_count() when at least
     AUTO_WORKERS_MIN_STEPS checkpoints need computing, else 1 (in-process only). Scripts that use
-    workers need the `if __name__ == "__main__":` guard (the spawn start method)."""
+    workers need the `if __name__ == "__main__":` guard (the spawn start method).
+    out: the analysis folder (default RUN/analysis; see analysis_folder)."""
     from geolens.analysis import METRICS, metric_versions
 
     names = list(METRICS) if metrics is None else metrics
@@ -195,42 +261,40 @@ def analyze_run(
         raise GeoError(f"unknown metric(s) {unknown}; known metrics: {', '.join(METRICS)}")
     if workers is not None and workers < 1:
         raise GeoError(f"workers must be at least 1 (got {workers}); leave it unset for automatic")
+    folder = analysis_folder(run, out)
     versions = metric_versions()
     chosen = select_steps(run, steps)
     pinned = resolve_keys(run, keys)
 
     def fresh(name: str, entry: dict) -> bool:
-        return entry.get("version") == versions[name] and (not METRICS[name].uses_keys or entry.get("keys") == pinned)
+        return (isinstance(entry, dict) and entry.get("version") == versions.get(name)
+                and (not METRICS[name].uses_keys or entry.get("keys") == pinned))
 
-    cache_dir = run.path / ANALYSIS_DIR / "cache"
-    entries: dict[int, dict] = {}  # step -> {metric: cache entry}
-    shas: dict[int, str] = {}
-    jobs: dict[int, list[str]] = {}  # step -> metrics to compute
-    for step in chosen:
-        shas[step] = _sha256(run.dir.ckpt_path(step))
-        cached = _read_cache(cache_dir / f"step_{step:07d}.json")
-        entries[step] = cached.get("metrics", {}) if cached.get("checkpoint_sha256") == shas[step] else {}
-        todo = [n for n in names if not fresh(n, entries[step].get(n, {}))]
-        if todo:
-            jobs[step] = todo
+    sources = list(dict.fromkeys([folder, run.path / ANALYSIS_DIR]))
+    shas = {step: _sha256(run.dir.ckpt_path(step)) for step in run.steps}
+    entries = {step: _read_cache(sources, step, shas[step]) for step in run.steps}  # step -> {metric: cache entry}
+    jobs = {step: todo for step in chosen if (todo := [n for n in names if not fresh(n, entries[step].get(n))])}
     if workers is None:
         workers = (os.cpu_count() or 1) if len(jobs) >= AUTO_WORKERS_MIN_STEPS else 1
     workers = min(workers, len(jobs))
 
     bar = Progress(TextColumn("[bold]analyze"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"),
                    TimeRemainingColumn(), disable=not progress)
-    with bar, _pool(workers - 1) as pool:
+    with writing(folder), bar, _pool(workers - 1) as pool:
         task = bar.add_task("analyze", total=len(chosen), completed=len(chosen) - len(jobs), step="")
         for step, (rows, skip) in _results(run, jobs, pinned, pool, workers - 1):
             for n in jobs[step]:
                 entries[step][n] = {"version": versions[n], **({"keys": pinned} if METRICS[n].uses_keys else {}),
                                     **({"skipped": skip[n]} if n in skip else {"values": rows[n]})}
-            atomic_write_json(cache_dir / f"step_{step:07d}.json", {"checkpoint_sha256": shas[step], "metrics": entries[step]})
+            atomic_write_json(folder / "cache" / f"step_{step:07d}.json",
+                              {"checkpoint_sha256": shas[step], "metrics": entries[step]})
             bar.update(task, advance=1, step=f"epoch {step}")
-    values = {s: {n: entries[s][n]["values"] for n in names if "values" in entries[s][n]} for s in chosen}
-    skipped = {n: entries[s][n]["skipped"] for s in chosen for n in names if "skipped" in entries[s][n]}
-    traj = Trajectory(run, chosen, values, skipped, sum(map(len, jobs.values())))
-    write_table(traj, run.path / ANALYSIS_DIR / "metrics.csv")
+        known = {s: {n: e for n, e in entries[s].items() if n in METRICS and fresh(n, e)} for s in run.steps}
+        steps_known = [s for s in run.steps if known[s]]
+        values = {s: {n: e["values"] for n, e in known[s].items() if "values" in e} for s in steps_known}
+        skipped = {n: e["skipped"] for s in steps_known for n, e in known[s].items() if "skipped" in e}
+        traj = Trajectory(run, steps_known, values, skipped, sum(map(len, jobs.values())), folder)
+        write_table(traj, folder / "metrics.csv")
     return traj
 
 

@@ -56,10 +56,16 @@ def test_changed_definition_or_checkpoint_invalidates_only_that(run_dir, monkeyp
     assert cache["metrics"]["weight_norm"]["version"] == "999"
 
 
-def test_subset_of_metrics_and_steps(run_dir):
-    traj = analyze_run(load_run(run_dir), metrics=["loss", "fve_paper"], steps=[35, 119], progress=False)
-    assert traj.steps == [40, 120]
+def test_subset_of_metrics_and_steps(tmp_path, run_dir):
+    shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("analysis"))
+    traj = analyze_run(load_run(tmp_path / "run"), metrics=["loss", "fve_paper"], steps=[35, 119], progress=False)
+    assert traj.steps == [40, 120] and traj.computed == 4
     assert set(traj.values[40]) == {"loss", "fve_paper"}
+    traj = analyze_run(load_run(tmp_path / "run"), metrics=["weight_norm"], steps=[0], progress=False)
+    assert traj.computed == 1 and traj.steps == [0, 40, 120]  # the table keeps what earlier calls computed
+    assert set(traj.values[40]) == {"loss", "fve_paper"} and set(traj.values[0]) == {"weight_norm"}
+    assert {(r["step"], r["metric"]) for r in read_table(tmp_path / "run" / "analysis" / "metrics.csv")} >= {
+        ("0", "weight_norm"), ("40", "loss"), ("120", "fve_paper")}
     with pytest.raises(GeoError, match="unknown metric"):
         analyze_run(load_run(run_dir), metrics=["nope"], progress=False)
 
@@ -133,6 +139,10 @@ def test_run_without_checkpoints_is_a_clear_error(tmp_path):
     cfg = make_config("ln", epochs=20, eval_every=10, **SMALL)
     training.train(cfg, tmp_path / "r", progress=False)
     (tmp_path / "r" / "checkpoints" / "manifest.json").write_text("[]")
+    with pytest.raises(GeoError, match="lists none; `geolens repair"):  # the files are there: rebuild the manifest
+        analyze_run(load_run(tmp_path / "r"), progress=False)
+    for f in (tmp_path / "r" / "checkpoints").glob("step_*"):
+        f.unlink()
     with pytest.raises(GeoError, match="no checkpoints"):
         analyze_run(load_run(tmp_path / "r"), progress=False)
 

@@ -1,0 +1,92 @@
+"""The report's figures show the right data: shapes, ranges and the values they plot."""
+
+import pytest
+import torch
+
+from geolens import train as training
+from geolens.config import make_config
+from geolens.plots import Heatmap, Line, Region
+from geolens.report import build_figures, write_report
+from geolens.run import load_run
+from geolens.trajectory import analyze_run
+
+SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.6, lr=3e-3)
+
+
+@pytest.fixture(scope="module")
+def traj(tmp_path_factory):
+    path = tmp_path_factory.mktemp("report") / "run"
+    cfg = make_config("fb", epochs=120, eval_every=10, checkpoints="every:40", seed=1, **SMALL)
+    training.train(cfg, path, progress=False)
+    return analyze_run(load_run(path), progress=False)
+
+
+@pytest.fixture(scope="module")
+def figures(traj):
+    return {spec.name: spec for spec in build_figures(traj, at=[40, 120])}
+
+
+def test_the_report_draws_every_figure(figures):
+    assert list(figures) == ["training", "spectrum", "progress", "clock_pizza", "embedding_circles", "attention"]
+
+
+def test_training_curves_are_the_metrics_table(traj, figures):
+    rows = traj.run.metrics
+    loss, acc = figures["training"].panels
+    lines = {t.name: t for t in loss.traces if isinstance(t, Line)}
+    assert list(lines["train"].x) == [r["epoch"] for r in rows]
+    assert list(lines["test"].y) == [r["test_loss"] for r in rows]
+    accs = [y for t in acc.traces if isinstance(t, Line) for y in t.y]
+    assert all(0.0 <= a <= 1.0 for a in accs)
+
+
+def test_spectrum_is_frequency_by_step_scaled_per_step(traj, figures):
+    (heat,) = figures["spectrum"].panels[0].traces
+    z = torch.tensor(heat.z)
+    assert list(heat.y) == list(range(1, 12)) and list(heat.x) == traj.steps  # frequencies 1..(p-1)/2
+    assert z.shape == (11, len(traj.steps)) and z.min() >= 0 and torch.allclose(z.amax(0), torch.ones(len(traj.steps)))
+    raw = [traj.values[120]["wl_spectrum"][f"wl_spectrum_{k}"] for k in range(1, 12)]
+    assert torch.allclose(z[:, -1], torch.tensor(raw) / max(raw))
+
+
+def test_clock_pizza_path_plots_the_two_diagnostics(traj, figures):
+    panel = figures["clock_pizza"].panels[0]
+    path = next(t for t in panel.traces if isinstance(t, Line) and t.name == "trajectory")
+    assert list(path.x) == [traj.values[s]["distance_irrelevance"]["distance_irrelevance"] for s in traj.steps]
+    assert list(path.y) == [traj.values[s]["grad_symmetricity"]["grad_symmetricity"] for s in traj.steps]
+    assert sum(isinstance(t, Region) for t in panel.traces) == 2
+
+
+def test_attention_is_a_heads_by_three_pattern_of_the_equals_query(traj, figures):
+    panels = figures["attention"].panels
+    assert [p.title.split(",")[0] for p in panels] == ["epoch 40", "epoch 120"]
+    model = traj.run.model_at(120)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(traj.run.dataset.tokens)
+    expected = cache["blocks.0.attn.hook_pattern"][:, :, -1, :].mean(0)  # [heads, key]: the `=` query's row
+    (heat,) = panels[1].traces
+    assert isinstance(heat, Heatmap) and list(heat.x) == ["a", "b", "="] and list(heat.y) == ["H0", "H1", "H2", "H3"]
+    z = torch.tensor(heat.z)
+    assert z.shape == (4, 3) and torch.allclose(z.sum(1), torch.ones(4), atol=1e-5)
+    assert torch.allclose(z, expected, atol=1e-5)
+
+
+def test_embedding_circles_place_every_token_on_each_key_plane(traj, figures):
+    panels = figures["embedding_circles"].panels
+    assert len(panels) == 2 * 5  # two steps x five key frequencies
+    for panel in panels:
+        (line,) = panel.traces
+        assert len(line.x) == len(line.y) == 23 and panel.equal_axes
+
+
+def test_a_narrower_rerun_keeps_earlier_results_and_removes_stale_figures(traj):
+    run, out = traj.run, traj.out
+    (out / "figures" / "old_figure.png").parent.mkdir(parents=True, exist_ok=True)
+    (out / "figures" / "old_figure.png").write_bytes(b"stale")
+    write_report(traj, static=("png",))
+    assert not (out / "figures" / "old_figure.png").exists()
+    assert (out / "figures" / "attention.png").stat().st_size > 1000
+    small = analyze_run(load_run(run.path), metrics=["loss"], steps=[40], progress=False)
+    assert small.computed == 0 and small.steps == traj.steps
+    table = (out / "metrics.csv").read_text()
+    assert "fve_paper" in table and "grad_symmetricity" in table  # not only what the narrow call asked for
