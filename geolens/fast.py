@@ -304,10 +304,10 @@ def _mm(x: Float[Tensor, "M B K"], w: Float[Tensor, "M K N"], c: Tensor | None =
     """x @ w, plus c ([M, 1, N] a bias, or [M, B, N]) if given: torch.bmm / torch.baddbmm(c, x, w).
 
     One float32 CPU member goes through oneDNN's linear (w as the [N, K] view w[0]^T, the bias
-    fused). For these [B, K] x [K, N] shapes with B in the thousands (p = 113, 2 threads) it is
-    on par with the MKL sgemm behind bmm on idle cores and ~10-25% faster (more under heavy load)
-    while other work shares them. (Not for the weight gradients x^T @ g, reducing over B: there
-    oneDNN is ~2x slower, so those stay on bmm.) Same float32 math, different summation order.
+    fused): for these [B, K] x [K, N] shapes with B in the thousands it is on par with the MKL
+    sgemm behind bmm on idle cores and faster while other work shares them. (Not for the weight
+    gradients x^T @ g, reducing over B, where oneDNN is slower, so those stay on bmm; measurements
+    in docs/performance.md.) Same float32 math, different summation order.
     """
     op = _onednn_linear() if x.shape[0] == 1 and x.device.type == "cpu" and x.dtype == torch.float32 else None
     if op is None:

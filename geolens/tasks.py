@@ -5,7 +5,7 @@ Splits follow the paper: all n_classes^2 pairs (a-major order) shuffled with Pyt
 random.Random(data_seed), the first int(frac_train * N) are the training set. Each split's indices
 are then stored in ascending (a-major) order: full-batch training does not depend on the order of
 the examples, and neighbouring examples sharing a token make the fast path's per-token table reads
-cache-friendly (~4% per epoch at p = 113).
+cache-friendly (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ from geolens.runlock import RunLock
 from geolens.storage import CorruptTensors, atomic_write_bytes, atomic_write_json, read_limited, tensors_header
 
 ANALYSIS_DIR = "analysis"
-# fewer checkpoints to compute: in-process only. The caller computes while spawned workers import (~5 s);
-# on 2 cores p = 113 measured 0.87x at 8 checkpoints, 1.22x at 24, 1.30x at 48 (docs/performance.md)
+# fewer checkpoints to compute: in-process only. The caller computes while spawned workers import, so
+# workers pay off only once a run has enough checkpoints to amortise their start-up (docs/performance.md)
 AUTO_WORKERS_MIN_STEPS = 16
 
 
@@ -193,7 +193,7 @@ def _worker_metrics(path: str, step: int, names: list[str], pinned: list[int] | 
 @contextmanager
 def _pool(workers: int):
     """A spawn-context process pool (None for workers < 1). On leaving, steps not started are cancelled
-    (after an error) and the workers exit in the background (their interpreter teardown takes ~1.5 s)."""
+    (after an error) and the workers exit in the background (their interpreter teardown is slow)."""
     if workers < 1:
         yield None
         return
@@ -214,7 +214,7 @@ def _results(run: Run, jobs: dict[int, list[str]], pinned, pool, n_workers: int)
     """(step, (rows, skipped)) for every job, in completion order.
 
     With a pool of n_workers, steps go to the workers only once one has started (imports and run
-    loaded: ~5 s), from the front of the queue, at most two per worker at a time; meanwhile and
+    loaded), from the front of the queue, at most two per worker at a time; meanwhile and
     whenever no worker result is waiting, the calling process computes the last queued step itself.
     """
     if pool is None:

@@ -46,7 +46,7 @@ def fve_paper(
     n = frame.n
     cos_c, sin_c = class_waves(n, freqs, W_L.dtype)
     dirs = torch.cat([cos_c @ W_L.T, sin_c @ W_L.T])  # [2k, d_mlp]: u_1..u_k, v_1..v_k
-    proj = acts_grid.reshape(n * n, -1) @ dirs.T  # [n^2, 2k] (dirs.T column-major: ~1.6x faster here)
+    proj = acts_grid.reshape(n * n, -1) @ dirs.T  # [n^2, 2k] (column-major dirs.T is faster: docs/performance.md)
     proj = proj - proj.mean(0)
     k = freqs.numel()
     cos_s, sin_s = class_waves(n, freqs, torch.float64)  # [k, n] each: waves over label positions

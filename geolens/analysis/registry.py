@@ -282,10 +282,9 @@ def compute_metrics(
     Returns (rows, skipped): rows[name] is the metric's flat dict of floats; skipped[name] is the
     reason a metric does not apply to this config. key_freqs pins the key frequencies (see
     AnalysisContext). num_threads: torch threads for the duration of the call, restored after;
-    None keeps the caller's setting. The default 1 is what measures fastest: most analysis ops are
-    small and memory-bound, and on cores shared with other processes every 2-thread OpenMP region
-    stalls when the other core is busy (1 thread 0.9-1.1 s, 2 threads 0.7-8 s per p = 113
-    checkpoint on the shared 2-core box; see docs/performance.md and threads.py).
+    None keeps the caller's setting. The default is one thread: most analysis ops are small and
+    memory-bound, and on cores shared with other processes every 2-thread OpenMP region stalls
+    when the other core is busy, while one thread degrades gracefully (docs/performance.md).
     """
     names = list(METRICS) if names is None else list(names)
     unknown = [n for n in names if n not in METRICS]

@@ -1,8 +1,8 @@
 """Thread control for analysis code on small, shared CPU machines.
 
 Small LAPACK calls (SVD, eigendecompositions, pinv of tiny matrices) and many small elementwise
-ops suffer badly from OpenMP thread contention when the cores are shared with other processes:
-on the 2-core development box a 512 x 512 eigvalsh took seconds with 2 threads and 30 ms with 1.
+ops suffer badly from OpenMP thread contention when the cores are shared with other processes,
+so analysis runs them on one thread (measurements in docs/performance.md).
 """
 
 from __future__ import annotations
