@@ -35,7 +35,7 @@ def paper_norm(kind, x, module, cfg):
 
 
 def paper_forward(model, tokens):
-    """h = N1(E[x] + P); h = N2(h + Attn(h)); h = N3(h + MLP(h)); logits = f(h[:, 2])."""
+    """h = N1(E[x] + P); h = N2(h + Attn(h)); h = N3(h + MLP(h)); logits = f(h) at every position."""
     cfg = model.cfg
     B, L = tokens.shape
     H, Dh, D = cfg.n_heads, cfg.d_head, cfg.d_model
@@ -56,11 +56,10 @@ def paper_forward(model, tokens):
         h = paper_norm(cfg.norm, h + mixed @ a.W_O.reshape(H * Dh, D), blk.attn_norm, cfg)
         m = blk.mlp
         h = paper_norm(cfg.norm, h + torch.relu(h @ m.W_in + m.b_in) @ m.W_out + m.b_out, blk.mlp_norm, cfg)
-    out = h[:, -1]
     W_U = model.unembed.W_U
     if cfg.unembed == "bounded":
-        return cfg.tau * out @ F.normalize(W_U, dim=0)
-    return out @ W_U
+        return cfg.tau * h @ F.normalize(W_U, dim=0)
+    return h @ W_U
 
 
 VARIANTS = list(itertools.product(["none", "layernorm", "rmsnorm", "sphere"], ["raw", "bounded"], ["learned", "uniform"]))
@@ -163,7 +162,7 @@ def test_run_with_cache_gives_activation_cache_and_hooks_can_patch():
     assert isinstance(cache, ActivationCache)
     assert cache["blocks.0.mlp.hook_post"].shape == (16, 3, model.cfg.d_mlp)
     zeroed = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_mlp_out", lambda x, hook: torch.zeros_like(x))])
-    assert not torch.allclose(zeroed, model(tokens))
+    assert not torch.allclose(zeroed[:, -1], model(tokens)[:, -1])
 
 
 def test_fourier_init_writes_cos_sin_columns():
@@ -191,7 +190,7 @@ def test_init_is_seeded_and_follows_the_paper():
 def test_model_runs_on_the_dataset():
     cfg = make_config("rms", **SMALL)
     x, y = make_dataset(cfg).train
-    assert GeoTransformer(cfg)(x).shape == (len(y), cfg.p)
+    assert GeoTransformer(cfg)(x).shape == (len(y), 3, cfg.p)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
