@@ -359,11 +359,11 @@ class GeoTransformer(HookedRootModule):
         logits = self.unembed(resid)
         if return_type == "logits":
             return logits
-        loss = self.loss(logits, tokens, labels, per_token=loss_per_token)
+        loss = self.loss_fn(logits, tokens, labels, per_token=loss_per_token)
         return loss if return_type == "loss" else (logits, loss)
 
-    def loss(self, logits: Float[Tensor, "batch pos d_vocab_out"], tokens: Int[Tensor, "batch pos"],
-             labels: Int[Tensor, "batch"] | None = None, per_token: bool = False) -> Tensor:
+    def loss_fn(self, logits: Float[Tensor, "batch pos d_vocab_out"], tokens: Int[Tensor, "batch pos"],
+                labels: Int[Tensor, "batch"] | None = None, per_token: bool = False) -> Tensor:
         """Cross-entropy of logits[:, -1] against labels (default: the task's answers to tokens);
         the mean, or per example [batch] with per_token."""
         if labels is None:
