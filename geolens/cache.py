@@ -73,6 +73,11 @@ class GeoActivationCache(ActivationCache):
             parts = parts.squeeze(-1)
         return (parts, labels) if return_labels else parts
 
+    def apply_slice_to_batch_dim(self, batch_slice) -> GeoActivationCache:
+        """The cache with batch_slice applied to the batch dimension (still a GeoActivationCache)."""
+        sliced = super().apply_slice_to_batch_dim(batch_slice)
+        return GeoActivationCache(sliced.cache_dict, self.model, has_batch_dim=sliced.has_batch_dim)
+
     # ---- TransformerLens's residual tools, exact for the post-norm model ----
     def decompose_resid(self, layer: int | None = None, mlp_input: bool = False, mode: str = "all",
                         apply_ln: bool = False, pos_slice=None, incl_embeds: bool = True, return_labels: bool = False):

@@ -182,8 +182,8 @@ def residual_parts(
             mlp = model.blocks[l].mlp
             if split_neurons:
                 G, f = pulled[j]
-                idx = torch.arange(cfg.d_mlp) if neuron_index is None else neuron_index
-                post = act(f"blocks.{l}.mlp.hook_post")[..., idx.to(target.device)]
+                idx = (torch.arange(cfg.d_mlp) if neuron_index is None else neuron_index).to(target.device)
+                post = act(f"blocks.{l}.mlp.hook_post")[..., idx]
                 W = mlp.W_out.detach()[idx] @ G  # [n, k]
                 neurons = torch.einsum("...n,nk->n...k", post, W) * f[..., None]
                 out[f"mlp{l}"] = ([f"L{l}N{n}" for n in idx.tolist()], neurons)

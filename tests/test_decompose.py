@@ -189,3 +189,11 @@ def test_cache_without_batch_dim():
     assert parts.shape[1:] == (3, 32)
     assert _close(parts.sum(0), cache["blocks.1.hook_resid_post"])
     assert _close(cache.logit_attrs(parts, tokens=4, has_batch_dim=False).sum(0), logits[0, :, 4])
+
+
+def test_batch_slices_keep_the_exact_cache():
+    model = _model("fb", 2)
+    _, _, cache = _run(model)
+    sliced = cache.apply_slice_to_batch_dim([3, 7])
+    assert isinstance(sliced, GeoActivationCache)
+    assert _close(sliced.get_full_resid_decomposition().sum(0), cache["blocks.1.hook_resid_post"][[3, 7]])
