@@ -27,11 +27,12 @@ def _model(preset, n_layers=1, seed=1):
     return model
 
 
-def _run(model):
+def _run(model, stride=4):
+    """(answers, logits, cache) of every stride-th input of the task."""
     ds = make_dataset(model.cfg)
     with torch.no_grad():
-        logits, cache = model.run_with_cache(ds.tokens)
-    return ds, logits, cache
+        logits, cache = model.run_with_cache(ds.tokens[::stride])
+    return ds.labels[::stride], logits, cache
 
 
 def _close(a, b, tol=2e-5):
@@ -44,7 +45,7 @@ def _close(a, b, tol=2e-5):
 @pytest.mark.parametrize("n_layers", [1, 2])
 def test_parts_add_up_to_the_streams_and_the_logits(preset, n_layers):
     model = _model(preset, n_layers)
-    ds, logits, cache = _run(model)
+    answers, logits, cache = _run(model)
     final = cache[f"blocks.{n_layers - 1}.hook_resid_post"]
     for expand in (True, False):
         parts, labels = cache.get_full_resid_decomposition(expand_neurons=expand, return_labels=True)
@@ -56,8 +57,8 @@ def test_parts_add_up_to_the_streams_and_the_logits(preset, n_layers):
     n_parts = n_layers * (model.cfg.n_heads + model.cfg.d_mlp) + 3
     assert len(cache.get_full_resid_decomposition(return_labels=True)[1]) == n_parts
     # logit_attrs: the parts' contributions to the correct class's logit add up to it
-    attrs = cache.logit_attrs(parts, tokens=ds.labels)
-    assert _close(attrs.sum(0), logits.gather(2, ds.labels[:, None, None].expand(-1, 3, 1))[..., 0])
+    attrs = cache.logit_attrs(parts, tokens=answers)
+    assert _close(attrs.sum(0), logits.gather(2, answers[:, None, None].expand(-1, 3, 1))[..., 0])
     # decompose_resid: every stream of every layer, at the attention and the MLP input
     for layer in range(n_layers + 1):
         for mlp_input in (False, True) if layer < n_layers else (False,):
@@ -73,12 +74,12 @@ def test_parts_add_up_to_the_streams_and_the_logits(preset, n_layers):
 @pytest.mark.parametrize("n_layers", [1, 2])
 def test_head_and_neuron_parts_equal_direct_logit_attribution(preset, n_layers):
     model = _model(preset, n_layers)
-    ds, logits, cache = _run(model)
+    answers, logits, cache = _run(model)
     cfg = model.cfg
-    dla = circuit.direct_logit_attribution(model, cfg, eq_from_cache(logits, cache, cfg), ds.labels, per_input_neurons=True)
+    dla = circuit.direct_logit_attribution(model, cfg, eq_from_cache(logits, cache, cfg), answers, per_input_neurons=True)
     D = circuit.logit_diff_directions(circuit.readout_directions(model, cfg))  # the DLA's score directions
     parts, labels = cache.get_full_resid_decomposition(pos_slice=-1, project_output_onto=D, return_labels=True)
-    scores = parts.gather(2, ds.labels[None, :, None].expand(len(labels), -1, 1))[..., 0]  # [parts, N]
+    scores = parts.gather(2, answers[None, :, None].expand(len(labels), -1, 1))[..., 0]  # [parts, N]
     score = dict(zip(labels, scores))
     for l in range(n_layers):
         for h in range(cfg.n_heads):
@@ -143,14 +144,15 @@ def test_b_out_sits_in_the_mlp_part_or_in_bias_when_neurons_are_expanded():
 def test_heads_stack_and_remainder_and_projection_shapes():
     model = _model("rms", 2)
     _, _, cache = _run(model)
+    N = cache["hook_embed"].shape[0]
     heads, labels = cache.stack_head_results(1, incl_remainder=True, return_labels=True)
     assert labels == ["L0H0", "L0H1", "L0H2", "L0H3", "remainder"]
     assert _close(heads.sum(0), cache["blocks.1.hook_resid_pre"])
-    assert cache.stack_head_results(0).shape == (0, 23 * 23, 3, 32)
+    assert cache.stack_head_results(0).shape == (0, N, 3, 32)
     direction = torch.randn(32)
     projected = cache.get_full_resid_decomposition(project_output_onto=direction, pos_slice=-1)
     full = cache.get_full_resid_decomposition(pos_slice=-1)
-    assert projected.shape == (2 * (4 + 64) + 3, 23 * 23)
+    assert projected.shape == (2 * (4 + 64) + 3, N)
     assert _close(projected, full @ direction)
     assert torch.equal(cache.decompose_resid(apply_ln=True), cache.decompose_resid())
 
