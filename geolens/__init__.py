@@ -1,6 +1,20 @@
 """geolens: hooked geometric transformers for grokking, dense trajectories, spectral and circuit analysis.
 
-Names are imported on first use, so `geolens --help` does not pay for importing TransformerLens.
+Public API (imported on first use, so `geolens --help` does not pay for importing TransformerLens):
+
+    GeoConfig, make_config     a run's configuration; make_config('fb', p=59) from a preset
+    GeoError                   the error raised for bad input (message: the problem and the fix)
+    GeoTransformer             the post-norm model, a TransformerLens HookedRootModule with
+                               HookedTransformer's names (forward, run_with_cache, to_tokens, W_Q, OV, ...)
+    GeoActivationCache         what GeoTransformer.run_with_cache returns: ActivationCache with
+                               residual decompositions exact for the post-norm topology
+    residual_parts             those decompositions as a function (geolens.decompose)
+    Dataset, make_dataset      a task's inputs, labels and seeded train/test split
+    Run, load_run              a trained run directory: metrics, checkpoints, model_at, analyze, probe
+    compute_metrics            every analysis metric of one model (geolens.analysis)
+
+Modules: config, model, cache, decompose, tasks, train, batched, fast, run, trajectory,
+analysis (metrics; definitions in docs/metrics.md), probe, report, plots, cli.
 """
 
 from importlib import import_module
@@ -10,10 +24,13 @@ _EXPORTS = {
     "make_config": "geolens.config",
     "GeoError": "geolens.errors",
     "GeoTransformer": "geolens.model",
-    "Run": "geolens.run",
-    "load_run": "geolens.run",
+    "GeoActivationCache": "geolens.cache",
+    "residual_parts": "geolens.decompose",
     "Dataset": "geolens.tasks",
     "make_dataset": "geolens.tasks",
+    "Run": "geolens.run",
+    "load_run": "geolens.run",
+    "compute_metrics": "geolens.analysis",
 }
 __all__ = list(_EXPORTS)
 
@@ -22,3 +39,7 @@ def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'geolens' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -101,8 +101,8 @@ class StackedForward:
 
 
 def stacked_logits(model: GeoTransformer, params: dict[str, Tensor], tokens: Tensor) -> Tensor:
-    """Per-member logits [S, B, C] of tokens [S, B, n_ctx] under params {name: [S, *shape]} (hooked forward, vmapped)."""
-    return torch.func.vmap(lambda p, x: torch.func.functional_call(model, p, (x,)))(params, tokens)
+    """Per-member logits [S, B, C] at `=` of tokens [S, B, n_ctx] under params {name: [S, *shape]} (hooked forward, vmapped)."""
+    return torch.func.vmap(lambda p, x: torch.func.functional_call(model, p, (x,))[:, -1])(params, tokens)
 
 
 def member_losses(logits: Tensor, labels: Tensor) -> Tensor:

@@ -88,10 +88,18 @@ class GeoConfig:
     def n_ctx(self) -> int:
         return 3
 
-    # Attributes TransformerLens's ActivationCache reads. The post-norm normalisations replace
-    # the residual stream, so TL's pre-norm rescaling does not apply: normalization_type is None.
+    # HookedTransformerConfig attributes TransformerLens code reads (ActivationCache, patching,
+    # utils). The post-norm normalisations replace the residual stream, so TL's pre-norm
+    # rescaling does not apply: normalization_type is None (the norm is `norm`; geolens.cache
+    # gives the decompositions). `device` above is the training device.
     attn_only = False
     normalization_type = None
+    act_fn = "relu"
+    positional_embedding_type = "standard"
+    default_prepend_bos = False
+    tokenizer_prepends_bos = False
+    n_key_value_heads = None
+    n_devices = 1
 
     # ---- checks -----------------------------------------------------------------------------
     def validate(self) -> None:

@@ -607,7 +607,7 @@ def stacked_fast_logits(cfg: GeoConfig, params: dict[str, Tensor],
     fields of geolens.batched) with parameters params {name: [M, *shape]} (GeoTransformer's
     parameter names), member m on tokens[m] [B, 3] (the same B for all).
 
-    Member m's logits equal GeoTransformer(params[:, m])(tokens[m]) up to float rounding, and
+    Member m's logits equal GeoTransformer(params[:, m])(tokens[m])[:, -1] up to float rounding, and
     gradients flow to `params`. Every row must carry the same `=` token at position 2. Index work
     that depends only on the tokens is cached while the same (unmodified) tensors are passed again.
     """
@@ -663,7 +663,7 @@ def fast_logits(model, tokens: Int[Tensor, "batch 3"],
                 reuse: tuple[FastEq, Int[Tensor, "batch"]] | None = None) -> Float[Tensor, "batch d_vocab_out"]:
     """Logits [B, d_vocab_out] of `model` (a one-layer GeoTransformer) on tokens [B, 3].
 
-    Equal to model(tokens) up to float rounding and differentiable w.r.t. the model's own
+    Equal to model(tokens)[:, -1] up to float rounding and differentiable w.r.t. the model's own
     parameters (loss.backward() fills their .grad as the hooked forward would). Every row must
     carry the same token at position 2 (the `=` of every task). Use under torch.no_grad() for
     evaluation. Index work that depends only on `tokens` is cached while the same (unmodified)
@@ -677,7 +677,7 @@ def fast_logits(model, tokens: Int[Tensor, "batch 3"],
     if reason is not None:
         raise GeoError(f"fast path unsupported: {reason}")
     if tokens.dim() == 2 and tokens.shape[0] == 0:
-        return model(tokens)
+        return model(tokens)[:, -1]
     params = {name: p.unsqueeze(0) for name, p in model.named_parameters()}
     if reuse is None:
         return stacked_fast_logits(model.cfg, params, [tokens])[0]

@@ -3,21 +3,26 @@
 Parameter names and shapes follow HookedTransformer (embed.W_E [d_vocab, d_model],
 pos_embed.W_pos [n_ctx, d_model], blocks.L.attn.W_Q/W_K/W_V [n_heads, d_model, d_head],
 W_O [n_heads, d_head, d_model], blocks.L.mlp.W_in/b_in/W_out/b_out, unembed.W_U
-[d_model, d_vocab_out]). The topology differs from HookedTransformer in one way, as in the paper:
-normalisation is *post*-norm and its output replaces the residual stream:
+[d_model, d_vocab_out]), and so do the model-level views (W_Q [n_layers, n_heads, d_model,
+d_head], ..., OV, QK), forward(tokens, return_type=...) and to_tokens / to_str_tokens. The
+topology differs from HookedTransformer in one way, as in the paper: normalisation is *post*-norm
+and its output replaces the residual stream:
 
     h = embed_norm(W_E[x] + W_pos)                    -> blocks.0.hook_resid_pre
     h = blocks.L.attn_norm(h + attn(h))               -> blocks.L.hook_resid_mid
     h = blocks.L.mlp_norm(h + mlp(h))                 -> blocks.L.hook_resid_post
-    logits = unembed(h[:, -1])                        -> [batch, d_vocab_out]
+    logits = unembed(h)                               -> [batch, pos, d_vocab_out]
 
-Extra hook points: every norm has hook_scale (the norm of its input before projection) and
-hook_normalized (its output); the bounded unembedding has hook_in, hook_scores (cosines against
-the normalised W_U columns) and hook_logits (tau * scores).
+The readout is applied at every position; the prediction is the last position's (`=`),
+logits[:, -1]. Extra hook points: every norm has hook_scale (the norm of its input before
+projection) and hook_normalized (its output); the unembedding has hook_in, hook_scores (bounded
+only: cosines against the normalised W_U columns) and hook_logits. run_with_cache returns a
+geolens.cache.GeoActivationCache, whose residual decompositions are exact for this topology.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -25,11 +30,16 @@ import torch.nn as nn
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens.ActivationCache import ActivationCache
+from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
+from geolens import tasks
+from geolens.cache import GeoActivationCache
 from geolens.config import GeoConfig
+from geolens.errors import GeoError
+
+RETURN_TYPES = ("logits", "loss", "both", None)
 
 
 # ---- normalisations (post-norm; the output replaces the residual stream) --------------------
@@ -183,8 +193,9 @@ class Block(nn.Module):
 class Unembed(nn.Module):
     """Raw readout logits = h @ W_U; bounded readout logits = tau * h . (W_U column / ||column||).
 
-    The bounded readout does not normalise h (on the sphere h is already unit norm, so the
-    logits are tau times a cosine).
+    h: [..., d_model] (the model passes every position) -> logits [..., d_vocab_out]. The bounded
+    readout does not normalise h (on the sphere h is already unit norm, so the logits are tau
+    times a cosine).
     """
 
     def __init__(self, cfg: GeoConfig):
@@ -203,19 +214,30 @@ class Unembed(nn.Module):
             return self.tau * self.W_U / self.W_U.norm(dim=0, keepdim=True).clamp_min(1e-12)
         return self.W_U
 
-    def forward(self, h: Float[Tensor, "batch d_model"]) -> Float[Tensor, "batch d_vocab_out"]:
+    def forward(self, h: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab_out"]:
         h = self.hook_in(h)
         if self.bounded:
             W = self.W_U / self.W_U.norm(dim=0, keepdim=True).clamp_min(1e-12)
-            return self.hook_logits(self.tau * self.hook_scores(h @ W))
-        return self.hook_logits(h @ self.W_U)
+            return self.hook_logits(self.tau * self.hook_scores(_rows_then_last(h, W)))
+        return self.hook_logits(_rows_then_last(h, self.W_U))
+
+
+def _rows_then_last(h: Float[Tensor, "... pos d_model"], W: Float[Tensor, "d_model C"]) -> Float[Tensor, "... pos C"]:
+    """h @ W, with the last position (`=`) multiplied on its own. Same values; it keeps the float
+    operations of training on logits[:, -1] (the `=` row's matmul and W's gradient, which the
+    other rows' zero gradients add exact zeros to) those of the earlier last-position-only
+    readout, so hooked-engine runs and their resumes stay bit-identical."""
+    if h.dim() < 2:
+        return h @ W
+    return torch.cat([h[..., :-1, :] @ W, (h[..., -1, :] @ W).unsqueeze(-2)], dim=-2)
 
 
 # ---- the model -------------------------------------------------------------------------------
 class GeoTransformer(HookedRootModule):
-    """The paper's transformer with switchable topology; forward gives logits at the last position.
+    """The paper's transformer with switchable topology, HookedTransformer-style.
 
-    forward(tokens [batch, n_ctx]) -> logits [batch, d_vocab_out].
+    forward(tokens [batch, n_ctx]) -> logits [batch, n_ctx, d_vocab_out]; the prediction for
+    [a, b, =] is logits[:, -1]. See forward for return_type and the loss.
     """
 
     def __init__(self, cfg: GeoConfig, seed: int | None = None):
@@ -311,38 +333,164 @@ class GeoTransformer(HookedRootModule):
         pos = self.hook_pos_embed(self.pos_embed(tokens))
         return self.embed_norm(embed + pos)
 
-    def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab_out"]:
+    def forward(self, input, return_type: str | None = "logits", loss_per_token: bool = False,
+                labels: Int[Tensor, "batch"] | None = None):
+        """Run the model, as HookedTransformer.forward.
+
+        input: tokens [batch, n_ctx], or examples to_tokens reads ('17 + 42 =', (17, 42), or a
+        list of them). return_type: 'logits' -> [batch, n_ctx, d_vocab_out] (the readout at every
+        position; the prediction is logits[:, -1]); 'loss' -> the loss; 'both' -> (logits, loss);
+        None -> None (the readout is skipped).
+
+        The loss is not next-token prediction (the model never predicts its own inputs): it is
+        the mean cross-entropy of the prediction at the last position, logits[:, -1], against
+        `labels` [batch], by default the task's true answers a o b read off the tokens
+        (geolens.tasks.answers: compose_table of cfg). loss_per_token=True gives the per-example
+        losses [batch] instead of their mean.
+        """
+        if return_type not in RETURN_TYPES:
+            raise GeoError(f"return_type = {return_type!r} is not valid; use one of {', '.join(map(repr, RETURN_TYPES))}")
+        tokens = input if isinstance(input, Tensor) else self.to_tokens(input)
         resid = self.residual_after_embed(tokens)
         for block in self.blocks:
             resid = block(resid)
-        return self.unembed(resid[:, -1])
+        if return_type is None:
+            return None
+        logits = self.unembed(resid)
+        if return_type == "logits":
+            return logits
+        loss = self.loss_fn(logits, tokens, labels, per_token=loss_per_token)
+        return loss if return_type == "loss" else (logits, loss)
 
-    def run_with_cache(self, *args, **kwargs) -> tuple[Tensor, ActivationCache]:  # type: ignore[override]
-        """Like HookedRootModule.run_with_cache, but the cache is a TransformerLens ActivationCache."""
-        out, cache_dict = super().run_with_cache(*args, **kwargs)
-        return out, ActivationCache(cache_dict, self)
+    def loss_fn(self, logits: Float[Tensor, "batch pos d_vocab_out"], tokens: Int[Tensor, "batch pos"],
+                labels: Int[Tensor, "batch"] | None = None, per_token: bool = False) -> Tensor:
+        """Cross-entropy of logits[:, -1] against labels (default: the task's answers to tokens);
+        the mean, or per example [batch] with per_token."""
+        if labels is None:
+            labels = tasks.answers(self.cfg, tokens, self._answer_table)
+        return F.cross_entropy(logits[:, -1], labels.to(logits.device), reduction="none" if per_token else "mean")
 
-    # ---- attributes ActivationCache and analysis code read (HookedTransformer-compatible) ----
+    @functools.cached_property
+    def _answer_table(self) -> Int[Tensor, "n_classes n_classes"]:
+        return tasks.compose_table(self.cfg)
+
+    def run_with_cache(self, *model_args, return_cache_object: bool = True, remove_batch_dim: bool = False,
+                       **kwargs) -> tuple[Tensor, GeoActivationCache | dict[str, Tensor]]:  # type: ignore[override]
+        """Like HookedTransformer.run_with_cache: (output, cache). The cache is a
+        geolens.cache.GeoActivationCache (TransformerLens's ActivationCache with residual
+        decompositions that are exact for this post-norm model), or the plain dict with
+        return_cache_object=False."""
+        out, cache_dict = super().run_with_cache(*model_args, remove_batch_dim=remove_batch_dim, **kwargs)
+        if not return_cache_object:
+            return out, cache_dict
+        return out, GeoActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
+
+    # ---- text <-> tokens (the task's vocabulary: operands, then `=`) ----
+    def to_tokens(self, input) -> Int[Tensor, "batch 3"]:
+        """Tokens [batch, 3] = [a, b, =] of one example or a list: '17 + 42 =' (operator and '='
+        optional), a pair of operand ids (17, 42); S_n operands in one-line notation '20134'."""
+        return tasks.encode(self.cfg, input).to(self.embed.W_E.device)
+
+    def to_str_tokens(self, input) -> list:
+        """The tokens as text: ['17', '42', '='] for one example (a string, a pair or a [pos]
+        tensor), a list of such lists for a batch (a list of examples or a [batch, pos] tensor)."""
+        if isinstance(input, Tensor):
+            return tasks.decode(self.cfg, input)
+        tokens = tasks.decode(self.cfg, tasks.encode(self.cfg, input))
+        return tokens if isinstance(input, (list, tuple)) and not tasks.is_pair(input) else tokens[0]
+
+    def to_single_token(self, string: str) -> int:
+        """The token id of one token's text ('17', '=', an S_n permutation '20134')."""
+        return tasks.token_id(self.cfg, string)
+
+    # ---- HookedTransformer's weight views ----
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed.W_E
+
+    @property
+    def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
+        return self.pos_embed.W_pos
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab_out"]:
+        """The unembedding parameter. Raw readout: logits = h @ W_U. Bounded readout: logits =
+        tau * h @ (W_U with unit-norm columns); tokens_to_residual_directions gives the exact
+        readout directions for both."""
+        return self.unembed.W_U
+
+    def _stacked(self, sub: str, name: str) -> Tensor:
+        return torch.stack([getattr(getattr(block, sub), name) for block in self.blocks], dim=0)
+
+    @property
+    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return self._stacked("attn", "W_Q")
+
+    @property
+    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return self._stacked("attn", "W_K")
+
+    @property
+    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return self._stacked("attn", "W_V")
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+        return self._stacked("attn", "W_O")
+
+    @property
+    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        return self._stacked("mlp", "W_in")
+
+    @property
+    def b_in(self) -> Float[Tensor, "n_layers d_mlp"]:
+        return self._stacked("mlp", "b_in")
+
+    @property
+    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
+        return self._stacked("mlp", "W_out")
+
+    @property
+    def b_out(self) -> Float[Tensor, "n_layers d_model"]:
+        return self._stacked("mlp", "b_out")
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        """W_Q @ W_K^T per layer and head, [n_layers, n_heads, d_model, d_model] (attention scores
+        are resid_q QK resid_k^T / sqrt(d_head); under uniform attention they are not used)."""
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """W_V @ W_O per layer and head, [n_layers, n_heads, d_model, d_model]: what a head writes
+        (into its attn_norm's input) per unit of attention to a residual vector."""
+        return FactoredMatrix(self.W_V, self.W_O)
+
     @property
     def W_L(self) -> Float[Tensor, "d_mlp d_vocab_out"]:
-        """Neuron-to-logit map of the last block, W_out @ readout matrix (normalised W_U, no tau, when bounded)."""
-        W = self.unembed.readout_matrix()
-        if self.unembed.bounded:
-            W = W / self.cfg.tau
-        return self.blocks[-1].mlp.W_out @ W
+        """Neuron-to-logit map of the last block: W_out @ W_U (raw readout) or W_out @ (W_U with
+        unit-norm columns) (bounded readout: the logits are tau times that, so W_L is in the
+        normalised space of the DLA). The last mlp_norm is not applied (it scales per input).
+        A plain tensor without gradient (safe to .numpy() for plotting)."""
+        with torch.no_grad():
+            W = self.unembed.readout_matrix()
+            if self.unembed.bounded:
+                W = W / self.cfg.tau
+            return self.blocks[-1].mlp.W_out @ W
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
-        """Sum of MLP output biases before `layer` (attention has no biases), shape [d_model]."""
-        total = torch.zeros(self.cfg.d_model)
-        for i in range(layer):
-            if include_mlp_biases:
-                total = total + self.blocks[i].mlp.b_out
-        return total
+        """Refused: in this post-norm model the biases reach a stream through norms that scale per
+        input, so there is no input-independent accumulated bias (HookedTransformer's is a sum)."""
+        raise GeoError("accumulated_bias has no input-independent value in a post-norm GeoTransformer; use the 'bias' "
+                       "part of cache.get_full_resid_decomposition() or geolens.decompose.residual_parts")
 
-    def tokens_to_residual_directions(self, tokens: Tensor | int) -> Tensor:
-        """Readout direction(s) in the residual stream for the given output token(s): [*, d_model]."""
-        W = self.unembed.readout_matrix()
-        return W[:, tokens].T if isinstance(tokens, Tensor) else W[:, tokens]
+    def tokens_to_residual_directions(self, tokens) -> Tensor:
+        """Readout direction(s) of output token(s) in the final residual stream, [*tokens.shape,
+        d_model] (int or str: [d_model]): h . direction is exactly that token's logit (W_U
+        columns, or tau * unit-norm W_U columns for the bounded readout)."""
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        return self.unembed.readout_matrix().T[tokens]
 
 
 _FAN_IN = {

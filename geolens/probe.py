@@ -4,36 +4,62 @@ neurons by direct logit attribution. Used by `geolens probe` and `Run.probe`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformer_lens.ActivationCache import ActivationCache
 
+from geolens.cache import GeoActivationCache
 from geolens.model import GeoTransformer
 
+if TYPE_CHECKING:
+    from geolens.analysis.circuit import DLAResult
 
-@dataclass
+
+@dataclass(repr=False)
 class Probe:
     """The circuit at `step` (the checkpoint nearest the `requested` epoch).
 
-    cache: ActivationCache of the model over every input of the task (a-major order);
+    cache: GeoActivationCache of the model over every input of the task (a-major order);
     metrics / skipped: compute_metrics output; dla: circuit.DLAResult over every input.
     """
 
     requested: int
     step: int
     model: GeoTransformer
-    cache: ActivationCache
+    cache: GeoActivationCache
     metrics: dict[str, dict[str, float]]
     skipped: dict[str, str]
-    dla: object
+    dla: DLAResult
+
+    def __repr__(self) -> str:
+        loss = self.metrics.get("loss", {})
+        asked = "" if self.step == self.requested else f" (requested {self.requested})"
+        heads = ", ".join(f"{n} {v:+.3f}" for n, v in self.top_heads())
+        return (f"Probe(epoch {self.step}{asked}: acc train {loss.get('acc_train', float('nan')):.4f} "
+                f"test {loss.get('acc_test', float('nan')):.4f}, key_freqs {self.key_freqs}, verdict {self.verdict!r}, "
+                f"top heads by DLA {heads})")
+
+    def _ranked(self, family: str, prefix: str) -> list[float]:
+        """Values of the metric columns prefix_1, prefix_2, ... of `family`, in rank order."""
+        vals = self.metrics.get(family, {})
+        ranks = sorted(int(k[len(prefix) + 1:]) for k in vals if k.startswith(prefix + "_") and k[len(prefix) + 1:].isdigit())
+        return [vals[f"{prefix}_{r}"] for r in ranks]
 
     @property
     def key_freqs(self) -> list[int]:
-        vals = self.metrics.get("keyfreq_wl_fft", {})
-        return [int(v) for k, v in sorted(vals.items()) if k[len("keyfreq_wl_fft_"):].isdigit() and v == v]
+        """Key frequencies by the paper's W_L FFT rule (keyfreq_wl_fft), strongest first."""
+        return [int(v) for v in self._ranked("keyfreq_wl_fft", "keyfreq_wl_fft") if v == v]
+
+    @property
+    def fve(self) -> dict[int, tuple[float, float]]:
+        """{key frequency: (FVE of U, FVE of V)} in percent (fve_paper), strongest key first."""
+        U = self._ranked("fve_paper", "fve_paper_U")
+        V = self._ranked("fve_paper", "fve_paper_V")
+        return {k: (float(U[r]), float(V[r])) for r, k in enumerate(self.key_freqs) if r < len(U) and r < len(V)}
 
     @property
     def verdict(self) -> str:
+        """Clock / Pizza verdict ('clock', 'pizza', 'mixed', 'unsolved'), or 'n/a (why)'."""
         from geolens.analysis.clockpizza import VERDICT_CODES
 
         code = self.metrics.get("clock_pizza", {}).get("clock_pizza")
@@ -42,15 +68,18 @@ class Probe:
         return next(name for name, c in VERDICT_CODES.items() if c == code or (c != c and code != code))
 
     def top_heads(self, k: int = 3) -> list[tuple[str, float]]:
+        """The k heads with the largest |mean DLA score|: [(name 'L{l}H{h}', mean score)]."""
         heads = {n: v for n, v in self.dla.means().items() if n.startswith("L") and "H" in n}
         return sorted(heads.items(), key=lambda kv: -abs(kv[1]))[:k]
 
     def top_neurons(self, k: int = 10) -> list[tuple[int, float]]:
+        """The k neurons of the last MLP with the largest |mean DLA score|: [(index, mean score)]."""
         vals, idx = self.dla.neurons.abs().topk(min(k, self.dla.neurons.numel()))
         return [(int(i), float(self.dla.neurons[i])) for i in idx]
 
 
 def probe_run(run, step: int) -> Probe:
+    """Probe of `run` at its checkpoint nearest `step` (metrics, full cache and DLA over every input)."""
     from geolens.analysis import compute_metrics
     from geolens.analysis.circuit import direct_logit_attribution
     from geolens.analysis.eqforward import eq_from_cache
@@ -73,10 +102,8 @@ def describe(probe: Probe) -> list[tuple[str, str]]:
     lines.append(("accuracy", f"train {loss.get('acc_train', float('nan')):.4f}, test {loss.get('acc_test', float('nan')):.4f}"))
     if probe.key_freqs:
         lines.append(("key frequencies (W_L FFT)", ", ".join(map(str, probe.key_freqs))))
-        fve = m.get("fve_paper", {})
-        per_key = [f"k={k}: U {fve.get(f'fve_paper_U_{r + 1}', float('nan')):.1f}%, V {fve.get(f'fve_paper_V_{r + 1}', float('nan')):.1f}%"
-                   for r, k in enumerate(probe.key_freqs)]
-        lines.append(("fve_paper", "; ".join(per_key)))
+        per_key = [f"k={k}: U {u:.1f}%, V {v:.1f}%" for k, (u, v) in probe.fve.items()]
+        lines.append(("fve_paper", "; ".join(per_key) or probe.skipped.get("fve_paper", "n/a")))
     else:
         lines.append(("key frequencies", probe.skipped.get("keyfreq_wl_fft", "n/a")))
     gs = m.get("grad_symmetricity", {}).get("grad_symmetricity")

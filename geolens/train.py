@@ -75,10 +75,10 @@ def choose_engine(cfg: GeoConfig) -> tuple[str, str]:
 
 
 def select_forward(model: GeoTransformer) -> tuple[str, Callable[[Tensor], Tensor], str]:
-    """(engine name, forward(tokens) -> logits, why) for `model` (see choose_engine)."""
+    """(engine name, forward(tokens) -> logits [batch, C] at `=`, why) for `model` (see choose_engine)."""
     engine, why = choose_engine(model.cfg)
     if engine == "hooked":
-        return engine, model, why
+        return engine, lambda tokens: model(tokens)[:, -1], why
     from geolens.fast import fast_logits
 
     return engine, lambda tokens: fast_logits(model, tokens), why

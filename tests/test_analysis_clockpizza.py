@@ -24,7 +24,8 @@ class ToyModAdd(HookedRootModule):
       clock: z = e_a e_b                 (complex product: angles add, radii multiply)
       pizza: z = (e_a + e_b)^2           (a function of e_a + e_b only)
     For the clock the correct logit is r_a r_b; for the pizza (r = 1) it is 4 cos^2(w(a-b)/2),
-    a function of a - b only. Both classify every input correctly.
+    a function of a - b only. Both classify every input correctly. Like a GeoTransformer it
+    returns logits [batch, pos, C] whose last position is the prediction (the others are zero).
     """
 
     def __init__(self, kind: str, p: int = P, k: int = K, radii: torch.Tensor | None = None):
@@ -46,7 +47,8 @@ class ToyModAdd(HookedRootModule):
             sr, si = ar + br, ai + bi
             zr, zi = sr * sr - si * si, 2 * sr * si
         c = torch.arange(self.p, dtype=torch.float32)
-        return zr[:, None] * torch.cos(self.w * c) + zi[:, None] * torch.sin(self.w * c)
+        last = zr[:, None] * torch.cos(self.w * c) + zi[:, None] * torch.sin(self.w * c)
+        return torch.cat([torch.zeros(len(tokens), tokens.shape[1] - 1, self.p), last[:, None]], dim=1)
 
 
 def _clock():
@@ -59,7 +61,7 @@ def _diagnostics(model):
     ds = make_dataset(cfg)
     frame = fourier.cyclic_frame(cfg)
     with torch.no_grad():
-        logits = model(ds.tokens)
+        logits = model(ds.tokens)[:, -1]
     acc = float((logits.argmax(-1) == ds.labels).float().mean())
     gs = clockpizza.grad_symmetricity(model, P)
     di = clockpizza.distance_irrelevance(clockpizza.correct_logit_grid(logits, ds.labels, frame), frame)

@@ -85,9 +85,9 @@ def test_context_forward_is_exact_and_shared():
     ds = make_dataset(cfg)
     ctx = AnalysisContext(model, cfg, ds)
     with torch.no_grad():
-        ref = model(ds.tokens)
+        ref = model(ds.tokens)[:, -1]
         assert torch.allclose(ctx.logits, ref, atol=1e-6, rtol=0)
-        assert torch.allclose(last_position_forward(model, cfg)(ds.tokens[:7]), model(ds.tokens[:7]), atol=1e-6, rtol=0)
+        assert torch.allclose(last_position_forward(model, cfg)(ds.tokens[:7]), model(ds.tokens[:7])[:, -1], atol=1e-6, rtol=0)
     assert ctx.eq is ctx.eq and ctx.acts.shape == (23 * 23, 64)
     assert ctx.eq["blocks.0.attn.hook_pattern"].shape == (23 * 23, 2, 3)  # the `=` query's row
     assert not model.hook_dict["blocks.0.hook_resid_mid"].fwd_hooks  # hooks removed afterwards

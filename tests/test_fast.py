@@ -67,7 +67,7 @@ def _compare(model: GeoTransformer, tokens: torch.Tensor, labels: torch.Tensor, 
     """Relative errors (forward(model, tokens), default fast_logits, vs hooked) of the logits and of
     every parameter gradient; a gradient that is None on one side only counts as an infinite error."""
     probe = torch.randn(len(labels), model.cfg.d_vocab_out, generator=torch.Generator().manual_seed(7)).to(tokens.device)
-    ref_logits = model(tokens)
+    ref_logits = model(tokens)[:, -1]
     ref = _grads(model, ref_logits, labels, probe)
     out_logits = forward(model, tokens)
     out = _grads(model, out_logits, labels, probe)
@@ -179,8 +179,8 @@ def test_stacked_members_equal_their_single_runs(preset):
     loss.backward()
     for i, (m, (x, y)) in enumerate(zip(models, data)):
         single = _grads(m, fast_logits(m, x), y, probe[i] * len(y))
-        hooked = _grads(m, m(x), y, probe[i] * len(y))
-        assert _rel(logits[i].detach(), m(x).detach()) <= TOL
+        hooked = _grads(m, m(x)[:, -1], y, probe[i] * len(y))
+        assert _rel(logits[i].detach(), m(x)[:, -1].detach()) <= TOL
         assert _rel(logits[i].detach(), fast_logits(m, x).detach()) <= 1e-6
         for n in names:
             if hooked[n] is None:
@@ -205,7 +205,7 @@ def test_no_grad_evaluation_matches():
     _trained_looking(model, seed=1)
     tokens = make_dataset(cfg).test[0]
     with torch.no_grad():
-        ref, out = model(tokens), fast_logits(model, tokens)
+        ref, out = model(tokens)[:, -1], fast_logits(model, tokens)
     assert not out.requires_grad
     assert _rel(out, ref) <= TOL
 
@@ -238,7 +238,7 @@ def test_comparison_detects_a_wrong_gradient():
     errors = _compare(model, tokens, labels)
     _assert_close(errors)
     probe = torch.zeros(len(labels), cfg.d_vocab_out)
-    ref = _grads(model, model(tokens), labels, probe)
+    ref = _grads(model, model(tokens)[:, -1], labels, probe)
     wrong = ref["blocks.0.mlp.W_in"] * (1 + 1e-4)
     assert _rel(wrong, ref["blocks.0.mlp.W_in"]) > TOL
     with pytest.raises(AssertionError):

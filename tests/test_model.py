@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from transformer_lens.ActivationCache import ActivationCache
 
 from geolens.config import GeoConfig, make_config
+from geolens.errors import GeoError
 from geolens.model import GeoTransformer
 from geolens.tasks import make_dataset
 
@@ -35,7 +36,7 @@ def paper_norm(kind, x, module, cfg):
 
 
 def paper_forward(model, tokens):
-    """h = N1(E[x] + P); h = N2(h + Attn(h)); h = N3(h + MLP(h)); logits = f(h[:, 2])."""
+    """h = N1(E[x] + P); h = N2(h + Attn(h)); h = N3(h + MLP(h)); logits = f(h) at every position."""
     cfg = model.cfg
     B, L = tokens.shape
     H, Dh, D = cfg.n_heads, cfg.d_head, cfg.d_model
@@ -56,11 +57,10 @@ def paper_forward(model, tokens):
         h = paper_norm(cfg.norm, h + mixed @ a.W_O.reshape(H * Dh, D), blk.attn_norm, cfg)
         m = blk.mlp
         h = paper_norm(cfg.norm, h + torch.relu(h @ m.W_in + m.b_in) @ m.W_out + m.b_out, blk.mlp_norm, cfg)
-    out = h[:, -1]
     W_U = model.unembed.W_U
     if cfg.unembed == "bounded":
-        return cfg.tau * out @ F.normalize(W_U, dim=0)
-    return out @ W_U
+        return cfg.tau * h @ F.normalize(W_U, dim=0)
+    return h @ W_U
 
 
 VARIANTS = list(itertools.product(["none", "layernorm", "rmsnorm", "sphere"], ["raw", "bounded"], ["learned", "uniform"]))
@@ -163,7 +163,7 @@ def test_run_with_cache_gives_activation_cache_and_hooks_can_patch():
     assert isinstance(cache, ActivationCache)
     assert cache["blocks.0.mlp.hook_post"].shape == (16, 3, model.cfg.d_mlp)
     zeroed = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.hook_mlp_out", lambda x, hook: torch.zeros_like(x))])
-    assert not torch.allclose(zeroed, model(tokens))
+    assert not torch.allclose(zeroed[:, -1], model(tokens)[:, -1])
 
 
 def test_fourier_init_writes_cos_sin_columns():
@@ -191,7 +191,7 @@ def test_init_is_seeded_and_follows_the_paper():
 def test_model_runs_on_the_dataset():
     cfg = make_config("rms", **SMALL)
     x, y = make_dataset(cfg).train
-    assert GeoTransformer(cfg)(x).shape == (len(y), cfg.p)
+    assert GeoTransformer(cfg)(x).shape == (len(y), 3, cfg.p)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -231,3 +231,153 @@ def test_notebook_init_keeps_fourier_and_norm_defaults():
     assert not torch.equal(model.embed.W_E[:, :2], plain.embed.W_E[:, :2])
     assert torch.equal(model.embed.W_E[:, 10:], plain.embed.W_E[:, 10:])
     assert torch.equal(model.embed_norm.w, torch.ones(model.cfg.d_model))
+
+
+# ---- HookedTransformer habits -------------------------------------------------------------------
+def test_weight_views_stack_layers_like_hooked_transformer():
+    model = GeoTransformer(make_config("ln", n_layers=2, **SMALL))
+    cfg = model.cfg
+    L, H, D, Dh, M = 2, cfg.n_heads, cfg.d_model, cfg.d_head, cfg.d_mlp
+    shapes = {"W_E": (cfg.d_vocab, D), "W_pos": (3, D), "W_Q": (L, H, D, Dh), "W_K": (L, H, D, Dh),
+              "W_V": (L, H, D, Dh), "W_O": (L, H, Dh, D), "W_in": (L, D, M), "b_in": (L, M),
+              "W_out": (L, M, D), "b_out": (L, D), "W_U": (D, cfg.d_vocab_out)}
+    for name, shape in shapes.items():
+        assert tuple(getattr(model, name).shape) == shape, name
+    assert torch.equal(model.W_K[1], model.blocks[1].attn.W_K) and torch.equal(model.b_out[0], model.blocks[0].mlp.b_out)
+    assert model.W_E is model.embed.W_E and model.W_U is model.unembed.W_U
+    OV, QK = model.OV, model.QK
+    assert OV.shape == (L, H, D, D) and QK.shape == (L, H, D, D)
+    assert torch.allclose(OV.AB[1, 2], model.blocks[1].attn.W_V[2] @ model.blocks[1].attn.W_O[2])
+    assert torch.allclose(QK.AB[0, 3], model.blocks[0].attn.W_Q[3] @ model.blocks[0].attn.W_K[3].T)
+
+
+@pytest.mark.parametrize("preset", ["ln", "fb"])
+def test_W_L_is_a_plain_tensor_in_the_readout_scale(preset):
+    model = GeoTransformer(make_config(preset, **SMALL))
+    W_L = model.W_L
+    assert not W_L.requires_grad and W_L.numpy().shape == (64, 23)
+    W_U = model.unembed.W_U.detach()
+    if model.cfg.unembed == "bounded":  # unit-norm columns: the logits are tau times that
+        W_U = W_U / W_U.norm(dim=0)
+    assert torch.allclose(W_L, model.blocks[0].mlp.W_out.detach() @ W_U, atol=1e-6)
+
+
+@pytest.mark.parametrize("task", ["add", "sub", "mul", "perm"])
+def test_forward_return_types_and_task_loss(task):
+    cfg = make_config("ln", task=task, n_perm=4, **SMALL)
+    model = GeoTransformer(cfg)
+    ds = make_dataset(cfg)
+    tokens, labels = ds.tokens[::7], ds.labels[::7]
+    logits = model(tokens)
+    assert logits.shape == (len(tokens), 3, cfg.d_vocab_out)
+    loss = F.cross_entropy(logits[:, -1], labels)  # the default labels are the task's answers
+    assert torch.allclose(model(tokens, return_type="loss"), loss)
+    both = model(tokens, return_type="both")
+    assert torch.equal(both[0], logits) and torch.allclose(both[1], loss)
+    assert model(tokens, return_type=None) is None
+    per = model(tokens, return_type="loss", loss_per_token=True)
+    assert per.shape == (len(tokens),) and torch.allclose(per.mean(), loss)
+    other = (labels + 1) % cfg.d_vocab_out
+    assert torch.allclose(model(tokens, return_type="loss", labels=other), F.cross_entropy(logits[:, -1], other))
+    with pytest.raises(GeoError, match="return_type"):
+        model(tokens, return_type="probs")
+    with pytest.raises(GeoError, match="labels="):
+        model(tokens[:, [2, 1, 0]], return_type="loss")  # `=` is not an operand
+
+
+def test_to_tokens_and_to_str_tokens():
+    model = GeoTransformer(make_config("ln", **SMALL))
+    expected = torch.tensor([[17, 4, 23]])
+    for example in ("17 + 4 =", "17 4", "17+4=", (17, 4)):
+        assert torch.equal(model.to_tokens(example), expected), example
+    assert torch.equal(model.to_tokens(["1 + 2 =", (3, 4)]), torch.tensor([[1, 2, 23], [3, 4, 23]]))
+    assert model.to_str_tokens("17 + 4 =") == ["17", "4", "="]
+    assert model.to_str_tokens(torch.tensor([[1, 2, 23]])) == [["1", "2", "="]]
+    assert model.to_str_tokens([(1, 2), (3, 4)]) == [["1", "2", "="], ["3", "4", "="]]
+    assert model.to_single_token("=") == 23 and model.to_single_token("5") == 5
+    assert torch.equal(model("17 + 4 ="), model(expected))
+    for bad in ("17 + 23 =", "17 =", "a + b =", "= + 4", (1, 2, 3), (1, 99)):
+        with pytest.raises(GeoError):
+            model.to_tokens(bad)
+    perm = GeoTransformer(make_config("ln", task="perm", n_perm=4, **SMALL))
+    tokens = perm.to_tokens("1023 o 0132 =")
+    assert perm.to_str_tokens(tokens[0]) == ["1023", "0132", "="]
+    assert perm(tokens, return_type="loss").ndim == 0
+    with pytest.raises(GeoError, match="permutation"):
+        perm.to_tokens("1123 o 0132 =")
+
+
+def test_cfg_has_the_fields_transformer_lens_reads():
+    cfg = make_config("ln", **SMALL)
+    assert (cfg.act_fn, cfg.positional_embedding_type, cfg.default_prepend_bos) == ("relu", "standard", False)
+    assert (cfg.d_vocab, cfg.d_vocab_out, cfg.n_ctx, cfg.device) == (24, 23, 3, "cpu")
+    assert cfg.normalization_type is None and cfg.attn_only is False and cfg.n_key_value_heads is None
+    assert "act_fn" not in cfg.to_dict()  # TL's view, not part of the run's config
+
+
+@pytest.mark.parametrize("preset", ["ln", "fb"])
+def test_training_on_logits_at_eq_keeps_the_last_position_readout_bit_for_bit(preset):
+    """Training reads logits[:, -1]; its values and gradients are bit-identical to a readout of
+    the last position alone (the float operations runs trained before [batch, pos] logits)."""
+    model = GeoTransformer(make_config(preset, n_layers=2, **SMALL))
+    x, y = make_dataset(model.cfg).train
+
+    def grads(logits):
+        model.zero_grad()
+        F.cross_entropy(logits, y).backward()
+        return logits.detach(), [p.grad.clone() for p in model.parameters()]
+
+    new, new_grads = grads(model(x)[:, -1])
+    h = model.residual_after_embed(x)
+    for block in model.blocks:
+        h = block(h)
+    W = model.unembed.W_U
+    if model.cfg.unembed == "bounded":
+        ref = model.cfg.tau * (h[:, -1] @ (W / W.norm(dim=0, keepdim=True).clamp_min(1e-12)))
+    else:
+        ref = h[:, -1] @ W
+    old, old_grads = grads(ref)
+    assert torch.equal(new, old)
+    assert all(torch.equal(a, b) for a, b in zip(new_grads, old_grads))
+
+
+def test_transformer_lens_activation_patching_runs_and_gives_the_known_answer():
+    from transformer_lens import patching
+
+    model = GeoTransformer(make_config("ln", n_layers=2, **SMALL))
+    ds = make_dataset(model.cfg)
+    clean = ds.tokens[::11]
+    corrupted = clean.clone()
+    corrupted[:, 0] = (corrupted[:, 0] + 5) % 23  # only token a differs
+    answers = ds.labels[::11]
+
+    def metric(logits):
+        return logits[:, -1].gather(1, answers[:, None]).mean()
+
+    with torch.no_grad():
+        clean_logits, clean_cache = model.run_with_cache(clean)
+    with pytest.raises(ValueError, match="eval"):  # TransformerLens 4 refuses modules in training mode
+        patching.get_act_patch_resid_pre(model, corrupted, clean_cache, metric)
+    model.eval()
+    result = patching.get_act_patch_resid_pre(model, corrupted, clean_cache, metric)
+    assert result.shape == (2, 3)
+    with torch.no_grad():
+        corrupted_metric = metric(model(corrupted))
+    # layer 0: the streams differ at position a only, so patching it there restores the clean run
+    assert float(result[0, 0]) == pytest.approx(float(metric(clean_logits)), abs=1e-5)
+    assert float(result[0, 1]) == pytest.approx(float(corrupted_metric), abs=1e-5)
+    assert float(result[0, 2]) == pytest.approx(float(corrupted_metric), abs=1e-5)
+    assert float(result[1, 2]) != pytest.approx(float(corrupted_metric), abs=1e-3)  # `=` has read a by layer 1
+    heads = patching.get_act_patch_attn_head_out_all_pos(model, corrupted, clean_cache, metric)
+    assert heads.shape == (2, model.cfg.n_heads)
+
+
+def test_dir_and_help_list_the_public_api():
+    import pydoc
+
+    import geolens
+
+    names = dir(geolens)
+    for name in ("GeoTransformer", "GeoActivationCache", "make_config", "load_run", "compute_metrics", "residual_parts"):
+        assert name in names and name in geolens.__doc__
+    assert "GeoActivationCache" in pydoc.render_doc(geolens)

@@ -177,3 +177,10 @@ def test_python_probe(run_dir):
     assert probe.cache["blocks.0.mlp.hook_post"].shape[0] == 23 * 23
     assert probe.verdict in ("clock", "pizza", "mixed", "unsolved")
     assert len(probe.top_heads()) == 3 and len(probe.top_neurons()) == 10
+    assert all(type(k) is int for k in probe.key_freqs)
+    fve = probe.metrics["fve_paper"]
+    assert list(probe.fve) == probe.key_freqs
+    assert probe.fve[probe.key_freqs[1]] == (fve["fve_paper_U_2"], fve["fve_paper_V_2"])
+    text = repr(probe)
+    assert text.startswith("Probe(epoch 120") and str(probe.key_freqs) in text and len(text) < 400
+    assert type(probe.cache).__name__ == "GeoActivationCache"

@@ -14,7 +14,9 @@ pushing each component through every later norm with that norm's *actual* scale 
 by the scale and multiplies by w; RMSNorm divides and multiplies by w; the sphere divides by
 ||x||). The components then add up exactly to the final normalised residual stream. The
 embedding path is taken after the first norm (embed_norm is not linearised: the tokens a and b
-reach `=` only through attention, so the `=` embedding is constant anyway).
+reach `=` only through attention, so the `=` embedding is constant anyway). The same
+linearisation, with embed_norm frozen too and every position, layer, head and neuron, is
+geolens.decompose (model.run_with_cache's cache.decompose_resid / get_full_resid_decomposition).
 
 Each component is scored by (score of the correct class) - (mean score of the other classes).
 Raw readouts score in logit units. Bounded readouts score in the **normalised space**:
@@ -33,6 +35,7 @@ from geolens.analysis.eqforward import EqActivations
 from geolens.analysis.fourier import cos_index, fourier_basis, sin_index
 from geolens.analysis.threads import single_thread
 from geolens.config import GeoConfig
+from geolens.decompose import norm_linear, norm_offset, pull_back
 
 
 # ---- direct logit attribution --------------------------------------------------------------------
@@ -48,36 +51,6 @@ def logit_diff_directions(W: Float[Tensor, "d_model C"]) -> Float[Tensor, "d_mod
     """Column y: W[:, y] minus the mean of the other columns, so h . D[:, y] = score_y - mean others."""
     C = W.shape[1]
     return W - (W.sum(1, keepdim=True) - W) / (C - 1)
-
-
-def _norm_linear(cfg: GeoConfig, norm, x: Tensor) -> Tensor:
-    """The linear part of a post-norm at scale 1, applied to x [..., d_model] (at a frozen
-    per-input scale s it is this / s)."""
-    if cfg.norm == "layernorm":
-        return (x - x.mean(-1, keepdim=True)) * norm.w.detach()
-    if cfg.norm == "rmsnorm":
-        return x * norm.w.detach()
-    return x
-
-
-def _norm_linear_T(cfg: GeoConfig, norm, g: Tensor) -> Tensor:
-    """Transpose of _norm_linear at scale 1: pulls readout directions g [..., d_model] back
-    through the norm, so that _norm_linear(x, 1) . g == x . _norm_linear_T(g) for every x
-    (LayerNorm's centring is symmetric); at scale s the pulled-back direction is this / s."""
-    if cfg.norm == "layernorm":
-        h = g * norm.w.detach()
-        return h - h.mean(-1, keepdim=True)
-    if cfg.norm == "rmsnorm":
-        return g * norm.w.detach()
-    return g
-
-
-def _offset_score(cfg: GeoConfig, norm, const_score) -> Tensor | float:
-    """Score of the norm's additive offset (LayerNorm b) via const_score(vector) -> [N]; 0 for
-    other norms."""
-    if cfg.norm == "layernorm":
-        return const_score(norm.b.detach())
-    return 0.0
 
 
 @dataclass
@@ -117,51 +90,54 @@ def direct_logit_attribution(
     eqforward.eq_from_cache of a run_with_cache); labels: [N] correct classes.
 
     Instead of pushing every component forward through the norms, the score direction (correct
-    column minus mean of the others) is pulled back through each norm (_norm_linear_T) and every
-    component is dotted with the direction valid where it enters the residual stream; the two
-    are equal because each frozen norm is linear. A frozen norm is a fixed linear map divided by
-    the input's scale, so the direction for input n is f[n] * G[:, labels[n]]: one [d_model, C]
-    table G pulled back per norm and one per-input factor f [N].
+    column minus mean of the others) is pulled back through each norm (geolens.decompose.pull_back,
+    shared with the full residual decompositions of geolens.decompose) and every component is
+    dotted with the direction valid where it enters the residual stream; the two are equal
+    because each frozen norm is linear. A frozen norm is a fixed linear map divided by the
+    input's scale, so the direction for input n is f[n] * G[:, labels[n]]: one [d_model, C] table
+    G pulled back per norm and one per-input factor f [N]. The heads' and the last MLP's neurons'
+    scores equal the parts of decompose.residual_parts projected on the same directions; here
+    the embedding is one component taken after embed_norm ('embed_pos' = blocks.0.hook_resid_pre,
+    embed_norm's offset included) and 'bias' holds the later norms' offsets and every b_out.
     per_input_neurons=True also returns the [N, d_mlp] per-input neuron scores (memory heavy).
     """
     D = logit_diff_directions(readout_directions(model, cfg))  # [d_model, C]
-    G = D
     N = labels.shape[0]
-    f = torch.ones(N, dtype=G.dtype)
+    # pulled[j] = (G, f): the score directions at the input of norm j of decompose.norm_chain
+    pulled = pull_back(model, D, lambda name: eq[name][:, 0], torch.ones(N, dtype=D.dtype), 2 * cfg.n_layers, stop=1)
 
-    def score(x: Tensor) -> Tensor:  # x [N, d_model] -> [N] along each input's direction
+    def score(x: Tensor, j: int) -> Tensor:  # x [N, d_model] entering norm j -> [N] along each input's direction
+        G, f = pulled[j]
         return (x * G.T[labels]).sum(-1) * f
 
-    def const_score(x: Tensor) -> Tensor:  # a vector [d_model] shared by every input -> [N]
+    def const_score(x: Tensor, j: int) -> Tensor:  # a vector [d_model] shared by every input -> [N]
+        G, f = pulled[j]
         return (G.T @ x)[labels] * f
 
-    def pull_back(norm, scale_name: str) -> None:
-        nonlocal G, f
-        G = _norm_linear_T(cfg, norm, G.T).T
-        if cfg.norm != "none":
-            f = f / eq[scale_name][:, 0]
+    def offset_score(norm, j: int) -> Tensor | float:  # the norm's offset (LayerNorm b) enters norm j; 0 otherwise
+        b = norm_offset(cfg, norm)
+        return 0.0 if b is None else const_score(b, j)
 
     # the real score, read off the logits: correct minus mean of the others (/ tau when bounded)
     correct = eq.logits.gather(1, labels[:, None])[:, 0]
     actual = (correct - (eq.logits.sum(1) - correct) / (eq.logits.shape[1] - 1)) / (cfg.tau if cfg.unembed == "bounded" else 1.0)
     comps: dict[str, Tensor] = {}
-    bias = torch.zeros(N, dtype=G.dtype)
+    bias = torch.zeros(N, dtype=D.dtype)
     for l in reversed(range(cfg.n_layers)):
-        block = model.blocks[l]
+        block, j = model.blocks[l], 2 * l + 2  # norm j: mlp_norm of layer l; j - 1: its attn_norm
         # x2 = mlp_norm(x1 + mlp_out): mlp_out (and b_out) enter before mlp_norm
-        bias = bias + _offset_score(cfg, block.mlp_norm, const_score)
-        pull_back(block.mlp_norm, f"blocks.{l}.mlp_norm.hook_scale")
-        b_out = const_score(block.mlp.b_out.detach())
-        comps[f"mlp_L{l}"] = score(eq[f"blocks.{l}.hook_mlp_out"]) - b_out
+        bias = bias + offset_score(block.mlp_norm, j + 1)
+        b_out = const_score(block.mlp.b_out.detach(), j)
+        comps[f"mlp_L{l}"] = score(eq[f"blocks.{l}.hook_mlp_out"], j) - b_out
         bias = bias + b_out
         # x1 = attn_norm(resid_pre + heads)
-        bias = bias + _offset_score(cfg, block.attn_norm, const_score)
-        pull_back(block.attn_norm, f"blocks.{l}.attn_norm.hook_scale")
+        bias = bias + offset_score(block.attn_norm, j)
+        G, f = pulled[j - 1]
         head_dirs = torch.einsum("hed,dc->che", block.attn.W_O.detach(), G)  # [C, H, d_head]
         head_scores = (eq[f"blocks.{l}.attn.hook_z"] * head_dirs[labels]).sum(-1) * f[:, None]  # [N, H]
         for h in range(cfg.n_heads):
             comps[f"L{l}H{h}"] = head_scores[:, h]
-    comps["embed_pos"] = score(eq["blocks.0.hook_resid_pre"])
+    comps["embed_pos"] = score(eq["blocks.0.hook_resid_pre"], 1)
     comps["bias"] = bias
     order = ["embed_pos"] + [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
     order += [f"mlp_L{l}" for l in range(cfg.n_layers)] + ["bias"]
@@ -171,7 +147,7 @@ def direct_logit_attribution(
     # neurons of the last MLP: score_n(x) = post_n(x) / scale(x) * M[n, y(x)], M = lin(W_out) @ D
     last, L = model.blocks[cfg.n_layers - 1], cfg.n_layers - 1
     post = eq[f"blocks.{L}.mlp.hook_post"]  # [N, d_mlp]
-    M = _norm_linear(cfg, last.mlp_norm, last.mlp.W_out.detach()) @ D  # [d_mlp, C]
+    M = norm_linear(cfg, last.mlp_norm, last.mlp.W_out.detach()) @ D  # [d_mlp, C]
     inv_scale = None if cfg.norm == "none" else eq[f"blocks.{L}.mlp_norm.hook_scale"][:, 0].reciprocal()
     # per_class[c] = sum over inputs of class c of post / scale: one bag per class over the inputs sorted by class
     by_class = torch.argsort(labels, stable=True)

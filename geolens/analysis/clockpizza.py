@@ -40,14 +40,14 @@ def grad_symmetricity(
     input [a, b, =] *before* the positional embedding is added: the activation at `hook_embed`
     is replaced by a leaf tensor and the gradients are taken with respect to it. Works for any
     HookedRootModule with a `hook_embed` hook point, an `embed.W_E` parameter and
-    forward(tokens) -> logits at the last position.
+    forward(tokens) -> logits [batch, pos, C] whose last position is the prediction.
     """
     g = torch.Generator().manual_seed(seed)
     a, b, c = torch.randint(0, n_classes, (3, n_triples), generator=g)
     tokens = torch.stack([a, b, torch.full_like(a, n_classes)], dim=1)
     emb = model.embed.W_E[tokens].detach().clone().requires_grad_(True)
     with torch.enable_grad():
-        logits = model.run_with_hooks(tokens, fwd_hooks=[("hook_embed", lambda act, hook: emb)])
+        logits = model.run_with_hooks(tokens, fwd_hooks=[("hook_embed", lambda act, hook: emb)])[:, -1]
         selected = logits[torch.arange(n_triples), c].sum()  # examples are independent
         (grad,) = torch.autograd.grad(selected, emb)
     cos = torch.nn.functional.cosine_similarity(grad[:, 0], grad[:, 1], dim=-1, eps=1e-30)

@@ -5,7 +5,7 @@ the `=` position (eqforward.EqActivations): from per-token tables for one-layer 
 (eqforward.eq_forward_tables), otherwise from a run_with_cache narrowed to `=` after the last
 attention (run_with_cache_narrowed: in the last block everything after attention is
 position-wise and only `=` reaches the logits, so the MLP rows of positions a and b are never
-computed). Both give the logits of model(tokens) up to float32 summation order.
+computed). Both give the logits of model(tokens)[:, -1] up to float32 summation order.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ def last_position_hooks(cfg: GeoConfig) -> list[tuple[str, object]]:
 
 
 def last_position_forward(model, cfg: GeoConfig):
-    """forward(tokens) -> logits, identical to model(tokens) but without the last MLP's rows for
-    positions a and b (usable with gradients: those rows get zero gradient anyway)."""
+    """forward(tokens) -> logits [B, C] at `=`, identical to model(tokens)[:, -1] but without the
+    last MLP's rows for positions a and b (usable with gradients: those rows get zero gradient anyway)."""
     hooks = last_position_hooks(cfg)
-    return lambda tokens: model.run_with_hooks(tokens, fwd_hooks=hooks)
+    return lambda tokens: model.run_with_hooks(tokens, fwd_hooks=hooks)[:, -1]
 
 
 def run_with_cache_narrowed(model, cfg: GeoConfig, tokens: Tensor):
-    """(logits [N, C], ActivationCache) of one no-grad run_with_cache with last_position_hooks."""
+    """(logits [N, 1, C] at `=`, ActivationCache) of one no-grad run_with_cache with last_position_hooks."""
     with torch.no_grad(), model.hooks(fwd_hooks=last_position_hooks(cfg)):
         return model.run_with_cache(tokens)
 

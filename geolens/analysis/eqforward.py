@@ -80,14 +80,15 @@ def eq_hooks(cfg: GeoConfig) -> list[str]:
     return out
 
 
-def eq_from_cache(logits: Float[Tensor, "N C"], cache, cfg: GeoConfig) -> EqActivations:
+def eq_from_cache(logits: Float[Tensor, "N pos C"], cache, cfg: GeoConfig) -> EqActivations:
     """EqActivations of a run_with_cache of the hooked model (full, or narrowed to `=` after the
-    last attention as context.run_with_cache_narrowed does)."""
+    last attention as context.run_with_cache_narrowed does); logits: its output, whose last
+    position is the prediction."""
     values = {}
     for name in eq_hooks(cfg):
         act = cache[name]
         values[name] = act[:, :, -1] if name.endswith("hook_pattern") else act[:, -1]
-    return EqActivations(logits, values, [cache[name].flatten(0, -2) for name in projected_hooks(cfg)])
+    return EqActivations(logits[:, -1], values, [cache[name].flatten(0, -2) for name in projected_hooks(cfg)])
 
 
 def eq_forward_tables(model, cfg: GeoConfig, tokens: Int[Tensor, "N 3"]) -> EqActivations:

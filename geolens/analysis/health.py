@@ -41,15 +41,15 @@ def nlm_cosine(
 ) -> dict[str, float]:
     """Cosine between the negative loss gradient and the parameter vector.
 
-    The loss is the mean cross-entropy of `model(tokens)` (pass the training split: it is the
+    The loss is the mean cross-entropy of `model(tokens)[:, -1]` (pass the training split: it is the
     full-batch training loss, without weight decay). Returns {'total': cosine over all parameters
     concatenated, '<param name>': cosine for that tensor}; NaN where the gradient or the
     parameter is exactly zero. A value near +1 means the loss is lowered mostly by scaling the
     weights up (Prieto's naive loss minimisation). The model's .grad fields are left untouched.
-    forward: optional tokens -> logits callable computing the same logits as model (e.g. the
-    context's narrowed forward); default model itself.
+    forward: optional tokens -> logits [N, C] callable computing the same logits (e.g. the
+    context's narrowed forward); default model(tokens)[:, -1].
     """
-    forward = model if forward is None else forward
+    forward = (lambda t: model(t)[:, -1]) if forward is None else forward
     named = list(model.named_parameters())
     flags = [p.requires_grad for _, p in named]
     try:
