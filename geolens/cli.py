@@ -1,4 +1,4 @@
-"""The `geolens` command line: train, sweep, info, analyze, probe."""
+"""The `geolens` command line: train, sweep, info, analyze, probe, table, figures."""
 
 from __future__ import annotations
 
@@ -237,6 +237,51 @@ def probe(
     for label, text in describe(load_run(run).probe(step)):
         table.add_row(label, text)
     console.print(table)
+
+
+@app.command()
+def table(
+    runs: Path = typer.Option(..., help="Folder searched recursively for run directories (any folder with run.json)."),
+    paper: Optional[str] = typer.Option(None, help="table1, table2, table3, table4 or appendixB (default: every "
+                                        "table some configuration belongs to, by task and attention)."),
+    out: Optional[Path] = typer.Option(None, help="Folder for <table>.md, <table>.csv, <table>_runs.csv "
+                                       "(default: RUNS/tables)."),
+) -> None:
+    """Rebuild the paper's tables from runs: onsets (or peak accuracy) per configuration, CI, the paper's row, a verdict."""
+    from geolens.tables import build_tables, rich_table, write_table
+
+    built, notes = build_tables(runs, paper)
+    folder = out or runs / "tables"
+    for t in built:
+        console.print(rich_table(t))
+        for note in t.notes + notes:
+            console.print(f"  - {note}", markup=False, highlight=False, soft_wrap=True)
+        paths = write_table(t, notes, folder)
+        console.print(f"wrote {', '.join(map(str, paths))}\n", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def figures(
+    runs: Path = typer.Option(..., help="Folder searched recursively for run directories (any folder with run.json)."),
+    out: Optional[Path] = typer.Option(None, help="Output folder (default: RUNS/figures)."),
+    paper: Optional[str] = typer.Option(None, help="Restrict the onsets figure to one paper table (as `geolens table --paper`)."),
+    at: str = typer.Option("first099", help="Checkpoint of the spectrum and FVE figures: 'first099' (the first with test "
+                           "acc >= 0.99, as the paper's section 4.3; else the last) or 'final'."),
+    all_seeds: bool = typer.Option(False, help="A Clock-vs-Pizza path for every run, not only the lowest seed of each configuration."),
+    formats: str = typer.Option("png,pdf", help="Static formats, comma-separated ('' for none); figures.html is always written."),
+) -> None:
+    """Regenerate the paper's figures (and geolens's own) from runs: PNG + PDF each, one interactive HTML page."""
+    from geolens.figures import build_figures, check_formats, write_figures
+
+    static = tuple(f for f in formats.split(",") if f)
+    check_formats(static)
+    specs, notes = build_figures(runs, paper, at, all_seeds,
+                                 log=lambda msg: console.print(msg, markup=False, highlight=False, soft_wrap=True))
+    paths = write_figures(specs, out or runs / "figures", static, notes, str(runs))
+    for note in notes:
+        console.print(f"  - {note}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"{len(specs)} figures: {', '.join(s.name for s in specs)}; wrote {len(paths)} files, "
+                  f"page {paths[-1]}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _names(text: str | None) -> list[str] | None:

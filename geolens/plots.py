@@ -1,20 +1,23 @@
 """Figures as small declarative specs, rendered two ways: interactive plotly (the HTML report) and
 static matplotlib (PNG/SVG export, no browser needed).
 
-A FigureSpec is a grid of Panels; a Panel holds traces: Line, Heatmap, Region (filled polygon)
-and VLine. Each figure of the report is built once as a spec, so both renderings show the same data.
+A FigureSpec is a grid of Panels; a Panel holds traces: Line, Bar, Heatmap, Region (filled
+polygon) and VLine. Each figure is built once as a spec, so both renderings show the same data;
+html_page puts several into one self-contained page (plotly.js inlined once, no CDN).
 """
 
 from __future__ import annotations
 
 import io
 import math
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, Union
 
 from geolens.storage import atomic_write_bytes
 
+PANEL_WIDTH = 5.2  # inches per panel in the static export, by default
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
 
@@ -27,6 +30,17 @@ class Line:
     color: str | None = None
     dash: bool = False
     text: Sequence[str] | None = None  # hover labels
+    legend: bool = True  # False: no legend entry (e.g. every seed after the first of a configuration)
+
+
+@dataclass
+class Bar:
+    """Bars at x (numbers, or category labels); several Bars in a panel stand side by side."""
+
+    x: Sequence
+    y: Sequence[float]
+    name: str = ""
+    color: str | None = None
 
 
 @dataclass
@@ -52,7 +66,7 @@ class VLine:
     color: str = "black"
 
 
-Trace = Union[Line, Heatmap, Region, VLine]
+Trace = Union[Line, Bar, Heatmap, Region, VLine]
 
 
 @dataclass
@@ -63,6 +77,9 @@ class Panel:
     ylabel: str = ""
     logy: bool = False
     equal_axes: bool = False
+    xticks: Sequence[tuple[float, str]] | None = None  # (position, label) instead of numbers
+    yrange: tuple[float, float] | None = None  # fixed y axis (linear axes), e.g. one scale across panels
+    xrange: tuple[float, float] | None = None
 
 
 @dataclass
@@ -71,6 +88,7 @@ class FigureSpec:
     title: str
     panels: list[Panel]
     cols: int = 2
+    panel_width: float = PANEL_WIDTH  # inches per panel in the static export (plotly: wider figures scale alike)
 
     @property
     def rows(self) -> int:
@@ -83,14 +101,19 @@ def to_plotly(spec: FigureSpec):
     from plotly.subplots import make_subplots
 
     cols = min(spec.cols, len(spec.panels))
-    fig = make_subplots(rows=spec.rows, cols=cols, subplot_titles=[p.title for p in spec.panels])
+    chars = _title_chars(spec.panel_width)
+    fig = make_subplots(rows=spec.rows, cols=cols, subplot_titles=[_wrap(p.title, chars, "<br>") for p in spec.panels])
     for i, panel in enumerate(spec.panels):
         row, col = i // cols + 1, i % cols + 1
         for j, tr in enumerate(panel.traces):
             color = getattr(tr, "color", None) or PALETTE[j % len(PALETTE)]
             if isinstance(tr, Line):
                 fig.add_trace(go.Scatter(x=list(tr.x), y=list(tr.y), name=tr.name, mode=tr.mode, text=tr.text,
+                                         showlegend=tr.legend and bool(tr.name), legendgroup=tr.name or None,
                                          line=dict(color=color, dash="dash" if tr.dash else None)), row=row, col=col)
+            elif isinstance(tr, Bar):
+                fig.add_trace(go.Bar(x=list(tr.x), y=list(tr.y), name=tr.name, marker_color=color,
+                                     showlegend=bool(tr.name)), row=row, col=col)
             elif isinstance(tr, Heatmap):
                 fig.add_trace(go.Heatmap(z=tr.z, x=list(tr.x), y=list(tr.y), colorscale=tr.colorscale,
                                          showscale=False), row=row, col=col)
@@ -101,11 +124,37 @@ def to_plotly(spec: FigureSpec):
                 fig.add_vline(x=tr.x, line=dict(color=tr.color, dash="dot"), row=row, col=col,
                               annotation_text=tr.name, annotation_position="top left")
         fig.update_xaxes(title_text=panel.xlabel, row=row, col=col)
-        fig.update_yaxes(title_text=panel.ylabel, type="log" if panel.logy else None, row=row, col=col)
+        fig.update_yaxes(title_text=panel.ylabel, type="log" if panel.logy else None, range=panel.yrange, row=row, col=col)
+        if panel.xrange is not None:
+            fig.update_xaxes(range=panel.xrange, row=row, col=col)
+        if panel.xticks is not None:
+            fig.update_xaxes(tickvals=[p for p, _ in panel.xticks], ticktext=[_wrap(t, TICK_CHARS, "<br>") for _, t in panel.xticks],
+                             row=row, col=col)
         if panel.equal_axes:
             fig.update_yaxes(scaleanchor=f"x{i + 1 if i else ''}", row=row, col=col)
-    fig.update_layout(title=spec.title, height=340 * spec.rows + 80, template="plotly_white")
+    fig.update_layout(title=_wrap(spec.title, chars * cols, "<br>"), height=340 * spec.rows + 100, template="plotly_white",
+                      barmode="group", width=round(130 * spec.panel_width * cols) if spec.panel_width > PANEL_WIDTH else None)
     return fig
+
+
+def figure_fragments(specs: Sequence[FigureSpec]) -> list[str]:
+    """One HTML <div> per spec; the first also carries plotly.js itself (inlined, never a CDN link)."""
+    return [to_plotly(spec).to_html(full_html=False, include_plotlyjs=(i == 0)) for i, spec in enumerate(specs)]
+
+
+def html_page(title: str, specs: Sequence[FigureSpec], intro_html: str = "") -> str:
+    """A self-contained page: title, intro (HTML) and every figure, interactive, working offline."""
+    import html
+
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}} th,td{{padding:2px 10px;text-align:left}}</style>
+</head><body>
+<h1>{html.escape(title)}</h1>
+{intro_html}
+{"".join(figure_fragments(specs))}
+</body></html>
+"""
 
 
 def _rgba(hex_color: str, alpha: float) -> str:
@@ -123,17 +172,24 @@ def save_static(spec: FigureSpec, folder: Path, formats: Sequence[str] = ("png",
     import matplotlib.pyplot as plt
 
     cols = min(spec.cols, len(spec.panels))
-    fig, axes = plt.subplots(spec.rows, cols, figsize=(5.2 * cols, 3.6 * spec.rows), squeeze=False)
+    fig, axes = plt.subplots(spec.rows, cols, figsize=(spec.panel_width * cols, 3.8 * spec.rows), squeeze=False)
+    chars = _title_chars(spec.panel_width)
     for ax in axes.flat[len(spec.panels) :]:
         ax.set_visible(False)
     for panel, ax in zip(spec.panels, axes.flat):
+        bars = [t for t in panel.traces if isinstance(t, Bar)]
+        slots = _bar_slots(bars)
         for j, tr in enumerate(panel.traces):
             color = getattr(tr, "color", None) or PALETTE[j % len(PALETTE)]
             if isinstance(tr, Line):
                 linestyle = "none" if tr.mode == "markers" else ("--" if tr.dash else "-")
                 marker = "o" if "markers" in tr.mode else None
-                ax.plot(list(tr.x), list(tr.y), color=color, label=tr.name or None, markersize=3,
+                ax.plot(list(tr.x), list(tr.y), color=color, label=(tr.name or None) if tr.legend else None, markersize=3,
                         linestyle=linestyle, marker=marker)
+            elif isinstance(tr, Bar):
+                i = bars.index(tr)
+                x = [slots.position(v) + (i - (len(bars) - 1) / 2) * slots.width for v in tr.x]
+                ax.bar(x, list(tr.y), width=slots.width, color=color, label=tr.name or None)
             elif isinstance(tr, Heatmap):
                 xs, ys = list(tr.x), list(tr.y)
                 ax.pcolormesh(range(len(xs) + 1), range(len(ys) + 1), tr.z, cmap=_mpl_cmap(tr.colorscale), shading="flat")
@@ -143,16 +199,24 @@ def save_static(spec: FigureSpec, folder: Path, formats: Sequence[str] = ("png",
                 ax.fill(list(tr.x), list(tr.y), color=color, alpha=0.15, label=tr.name)
             elif isinstance(tr, VLine):
                 ax.axvline(tr.x, color=tr.color, linestyle=":", label=tr.name)
-        ax.set_title(panel.title, fontsize=10)
+        ax.set_title(_wrap(panel.title, chars, "\n"), fontsize=8)
         ax.set_xlabel(panel.xlabel)
         ax.set_ylabel(panel.ylabel)
         if panel.logy:
             ax.set_yscale("log")
+        if panel.yrange is not None:
+            ax.set_ylim(*panel.yrange)
+        if panel.xrange is not None:
+            ax.set_xlim(*panel.xrange)
         if panel.equal_axes:
             ax.set_aspect("equal", adjustable="datalim")
-        if any(getattr(t, "name", "") for t in panel.traces if not isinstance(t, Heatmap)):
+        if slots.labels:
+            ax.set_xticks(range(len(slots.labels)), slots.labels, fontsize=7)
+        if panel.xticks is not None:
+            ax.set_xticks([p for p, _ in panel.xticks], [_wrap(t, TICK_CHARS, "\n") for _, t in panel.xticks], fontsize=6)
+        if any(getattr(t, "name", "") and getattr(t, "legend", True) for t in panel.traces if not isinstance(t, Heatmap)):
             ax.legend(fontsize=7)
-    fig.suptitle(spec.title)
+    fig.suptitle(_wrap(spec.title, chars * cols, "\n"), fontsize=10)
     fig.tight_layout()
     paths = []
     for fmt in formats:
@@ -163,6 +227,42 @@ def save_static(spec: FigureSpec, folder: Path, formats: Sequence[str] = ("png",
         paths.append(path)
     plt.close(fig)
     return paths
+
+
+@dataclass
+class _BarSlots:
+    """Where a panel's bars stand in matplotlib: numeric x as is, category labels at 0, 1, ...;
+    `width` per bar so that the bars of one x fill 80% of the smallest gap."""
+
+    labels: list[str]
+    width: float
+
+    def position(self, x) -> float:
+        return float(self.labels.index(str(x))) if self.labels else float(x)
+
+
+def _bar_slots(bars: list[Bar]) -> _BarSlots:
+    xs = [x for b in bars for x in b.x]
+    if not xs:
+        return _BarSlots([], 0.8)
+    if any(isinstance(x, str) for x in xs):
+        labels = list(dict.fromkeys(map(str, xs)))
+        return _BarSlots(labels, 0.8 / len(bars))
+    values = sorted(set(float(x) for x in xs))
+    gap = min((b - a for a, b in zip(values, values[1:])), default=1.0)
+    return _BarSlots([], 0.8 * gap / len(bars))
+
+
+TICK_CHARS = 22  # wrap category tick labels at about this many characters
+
+
+def _title_chars(panel_width: float) -> int:
+    """About how many characters of an 8-10 pt title fit across a panel `panel_width` inches wide."""
+    return max(30, int(13 * panel_width))
+
+
+def _wrap(text: str, width: int, newline: str) -> str:
+    return newline.join(textwrap.wrap(text, width)) or text
 
 
 def _mpl_cmap(name: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from geolens.plots import FigureSpec, Heatmap, Line, Panel, Region, VLine, save_static, to_plotly
+from geolens.plots import FigureSpec, Heatmap, Line, Panel, Region, VLine, html_page, save_static
 from geolens.storage import atomic_write_bytes
 from geolens.trajectory import Trajectory, writing
 
@@ -67,19 +67,25 @@ def fig_progress(traj: Trajectory) -> FigureSpec:
     return FigureSpec("progress", "Progress measures over training", panels)
 
 
-def fig_clock_pizza(traj: Trajectory) -> FigureSpec | None:
+def clock_pizza_regions(y: list[float]) -> list[Region]:
+    """The pizza and clock regions of the (distance irrelevance, gradient symmetricity) plane, tall
+    enough for the symmetricities y."""
     from geolens.analysis.clockpizza import DIST_IRR_CLOCK_MIN, GRAD_SYM_PIZZA_MIN
 
+    g, d = GRAD_SYM_PIZZA_MIN, DIST_IRR_CLOCK_MIN
+    lo, hi = min(-0.1, *y), 1.05
+    return [Region([0, d, d, 0], [g, g, hi, hi], f"pizza (sym >= {g}, dist < {d})", "#d62728"),
+            Region([d, 1.05, 1.05, d], [lo, lo, g, g], f"clock (sym < {g}, dist >= {d})", "#1f77b4")]
+
+
+def fig_clock_pizza(traj: Trajectory) -> FigureSpec | None:
     steps = [s for s in traj.steps if "grad_symmetricity" in traj.values[s] and "distance_irrelevance" in traj.values[s]]
     if not steps:
         return None
     x = [traj.values[s]["distance_irrelevance"]["distance_irrelevance"] for s in steps]
     y = [traj.values[s]["grad_symmetricity"]["grad_symmetricity"] for s in steps]
-    g, d = GRAD_SYM_PIZZA_MIN, DIST_IRR_CLOCK_MIN
-    lo, hi = min(-0.1, *y), 1.05
     panel = Panel("gradient symmetricity vs distance irrelevance", [
-        Region([0, d, d, 0], [g, g, hi, hi], f"pizza (sym >= {g}, dist < {d})", "#d62728"),
-        Region([d, 1.05, 1.05, d], [lo, lo, g, g], f"clock (sym < {g}, dist >= {d})", "#1f77b4"),
+        *clock_pizza_regions(y),
         Line(x, y, "trajectory", mode="lines+markers", color="#333333", text=[f"epoch {s}" for s in steps]),
         Line(x[-1:], y[-1:], f"final (epoch {steps[-1]})", mode="markers", color="#ff7f0e"),
     ], "distance irrelevance", "gradient symmetricity")
@@ -145,29 +151,20 @@ def write_report(traj: Trajectory, at: list[int] | None = None, static: tuple[st
     out = traj.out
     specs = build_figures(traj, at)
     with writing(out):
-        parts, written = [], set()
-        for i, spec in enumerate(specs):
-            parts.append(to_plotly(spec).to_html(full_html=False, include_plotlyjs=(i == 0)))
-            if static:
-                written.update(save_static(spec, out / "figures", static))
+        written = set()
+        for spec in specs if static else []:
+            written.update(save_static(spec, out / "figures", static))
         for stale in (out / "figures").glob("*.*") if (out / "figures").is_dir() else []:
             if stale not in written and stale.is_file():
                 stale.unlink()
     summary = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                       for k, v in run.summary().items() if v is not None)
     skipped = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in traj.skipped.items())
-    page = f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>geolens report: {html.escape(str(run.path))}</title>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}} th,td{{padding:2px 10px;text-align:left}}</style>
-</head><body>
-<h1>geolens report: {html.escape(str(run.path))}</h1>
-<table>{summary}</table>
+    intro = f"""<table>{summary}</table>
 <p>{len(traj.steps)} checkpoints analysed; metric table: <code>metrics.csv</code> beside this page (step, metric, name, value);
 definitions: docs/metrics.md.</p>
-{f"<p>Skipped metrics:</p><ul>{skipped}</ul>" if skipped else ""}
-{"".join(parts)}
-</body></html>
-"""
+{f"<p>Skipped metrics:</p><ul>{skipped}</ul>" if skipped else ""}"""
+    page = html_page(f"geolens report: {run.path}", specs, intro)
     path = out / "report.html"
     with writing(out):
         atomic_write_bytes(path, page.encode())

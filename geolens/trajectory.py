@@ -240,6 +240,19 @@ def _results(run: Run, jobs: dict[int, list[str]], pinned, pool, n_workers: int)
             wait(list(running) or [started], return_when=FIRST_COMPLETED)
 
 
+def cached_metrics(run: Run, step: int, names: list[str]) -> dict[str, dict[str, float]]:
+    """The values of `names` at checkpoint `step` that analyze_run has cached and that are still
+    valid (same checkpoint bytes and metric version; key-frequency metrics only as computed with
+    each checkpoint's own keys); reads only, computes nothing."""
+    from geolens.analysis import METRICS, metric_versions
+
+    entries = _read_cache([run.path / ANALYSIS_DIR], step, _sha256(run.dir.ckpt_path(step)))
+    versions = metric_versions()
+    return {n: entries[n]["values"] for n in names
+            if "values" in entries.get(n, {}) and entries[n].get("version") == versions[n]
+            and (not METRICS[n].uses_keys or entries[n].get("keys") is None)}
+
+
 def analyze_run(
     run: Run, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = True,
     keys: str | list[int] | None = None, workers: int | None = None, out: str | Path | None = None,

@@ -1,4 +1,5 @@
-"""Fixtures shared by the command-line tests."""
+"""Shared fixtures: the command line in-process and as a child process, a tiny real sweep (tables and
+figures) and constructed run directories."""
 
 import os
 import subprocess
@@ -8,7 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from geolens.analysis.threads import torch_threads
 from geolens.cli import main
+from geolens.config import make_config
+from geolens.storage import RunDir, atomic_write_json, write_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 # a tiny model: trains in seconds (p = 23, half of the pairs for training)
@@ -45,3 +49,55 @@ def one_line_error(stderr: str) -> str:
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in stderr, stderr
     return lines[0]
+
+
+TINY_SWEEP = dict(task="add", p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.8, lr=4e-3, epochs=400,
+                  eval_every=10, checkpoints="every:100")
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory):
+    """A real sweep on Z_23: `sphere` (weight decay 1) and `fb` (weight decay 0), seeds 1-2, 400
+    epochs, one batch, laid out as a grid sweep (ROOT/<preset>/lr4e-3/seed_N). With this code
+    sphere groks (test acc > 0.95) within the budget and fb does not (the tests do not rely on it)."""
+    from geolens.batched import train_batched
+
+    root = tmp_path_factory.mktemp("tiny_sweep")
+    cfgs = [make_config(preset, seed=s, data_seed=s, **TINY_SWEEP) for preset in ("sphere", "fb") for s in (1, 2)]
+    with torch_threads(1):  # tiny matmuls: one thread is fastest, and much faster on busy cores
+        train_batched(cfgs, [root / c.preset / "lr4e-3" / f"seed_{c.seed}" for c in cfgs], progress=False)
+    return root
+
+
+def _write_run(path, cfg, test_acc: dict[int, float], status: str = "finished", train_acc: float = 1.0) -> None:
+    """A run directory without checkpoints whose metrics.csv has test accuracy test_acc[epoch] at
+    each evaluated epoch (so its onsets are known), written with the storage helpers."""
+    from geolens.train import onset_events
+
+    run = RunDir(path)
+    run.path.mkdir(parents=True, exist_ok=True)
+    run.write_header({"config": cfg.to_dict(), "engine": "fast", "n_train": 1, "n_test": 1, "status": status,
+                      "stop_reason": "completed"})
+    rows = [{"epoch": e, "train_loss": 0.1, "train_acc": train_acc, "test_loss": 0.2, "test_acc": a, "weight_norm": 1.0,
+             "grad_norm": 0.1, "max_abs_logit": 5.0, "elapsed_s": 0.0} for e, a in sorted(test_acc.items())]
+    write_metrics(run.metrics_csv, rows)
+    atomic_write_json(run.events_json, {**onset_events(rows), "stop_reason": "completed", "final_epoch": rows[-1]["epoch"],
+                                        "eval_every": cfg.eval_every})
+
+
+def _step_curve(onset: int, epochs: int, every: int = 10, before: float = 0.5, after: float = 0.97,
+               dips: dict[int, float] | None = None) -> dict[int, float]:
+    """Test accuracy `before` until epoch `onset`, then `after`; dips overrides single epochs."""
+    acc = {e: (after if e >= onset else before) for e in range(0, epochs + 1, every)}
+    acc.update(dips or {})
+    return acc
+
+
+@pytest.fixture
+def write_run():
+    return _write_run
+
+
+@pytest.fixture
+def step_curve():
+    return _step_curve

@@ -38,16 +38,31 @@ def keyfreq_wl_fft(W_L: Float[Tensor, "d_mlp n"], k: int = 5) -> Int[Tensor, "k"
     return spec.topk(k).indices
 
 
-def wl_topk_share(W_L: Float[Tensor, "d_mlp n"], freqs: Tensor) -> float:
-    """Share of the non-DC energy of W_L (Parseval-weighted) held by the bins `freqs`."""
+def wl_energy(W_L: Float[Tensor, "d_mlp n"]) -> Float[Tensor, "K1"]:
+    """Energy of W_L per bin 0..n//2 (Parseval-weighted: bins with a mirror image count twice, so
+    the bins sum to n * ||W_L||^2)."""
     n = W_L.shape[-1]
     power = wl_spectrum(W_L).square()
     weight = torch.full_like(power, 2.0)
+    weight[0] = 1.0
     if n % 2 == 0:
         weight[-1] = 1.0
-    power = power * weight
-    total = power[1:].sum()
-    return float(power[freqs].sum() / total) if total > 0 else float("nan")
+    return power * weight
+
+
+def wl_energy_shares(W_L: Float[Tensor, "d_mlp n"]) -> Float[Tensor, "K"]:
+    """Share of the non-DC energy of W_L in each bin k = 1..n//2 (sums to 1; NaN if W_L has no
+    non-DC energy)."""
+    energy = wl_energy(W_L)[1:]
+    total = energy.sum()
+    return energy / total if total > 0 else torch.full_like(energy, float("nan"))
+
+
+def wl_topk_share(W_L: Float[Tensor, "d_mlp n"], freqs: Tensor) -> float:
+    """Share of the non-DC energy of W_L (Parseval-weighted) held by the bins `freqs`."""
+    energy = wl_energy(W_L)
+    total = energy[1:].sum()
+    return float(energy[freqs].sum() / total) if total > 0 else float("nan")
 
 
 # ---- Nanda's per-neuron rule -----------------------------------------------------------------

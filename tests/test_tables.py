@@ -1,0 +1,326 @@
+"""`geolens table`: onsets, statistics, the paper's rows and verdicts on runs with known answers."""
+
+import csv
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+
+from geolens.cli import main
+from geolens.config import PAPER_FOURIER_FREQS, make_config
+from geolens.errors import GeoError
+from geolens.paper import TABLES, OneOf, paper_tables
+from geolens.run import load_run
+from geolens.runset import find_runs, group_runs
+from geolens.stats import bootstrap_ci, summarize, verdict
+from geolens.tables import Rule, build_tables
+
+ADD = dict(task="add", p=113, eval_every=10)
+
+
+def _ci(s):
+    return s.ci_lo, s.ci_hi
+
+
+# ---- statistics --------------------------------------------------------------------------------
+def test_summary_of_known_values():
+    s = summarize([600, 800, 1000, 1200])
+    assert (s.n, s.mean, s.min, s.max) == (4, 900.0, 600.0, 1200.0)
+    assert s.std == pytest.approx(math.sqrt(200_000 / 3))  # sample std, n - 1
+    assert 600 <= s.ci_lo < 900 < s.ci_hi <= 1200
+    # two values: the resampled means are a, (a + b) / 2, b with probabilities 1/4, 1/2, 1/4
+    assert _ci(summarize([2000, 2200])) == (2000.0, 2200.0)
+    assert summarize([7.0, 7.0, 7.0]).ci_lo == summarize([7.0, 7.0, 7.0]).ci_hi == 7.0
+    one = summarize([5.0])
+    assert one.mean == 5.0 and math.isnan(one.std) and math.isnan(one.ci_lo) and math.isnan(one.ci_hi)
+    none = summarize([])
+    assert none.n == 0 and math.isnan(none.mean)
+
+
+def test_bootstrap_ci_is_seeded_and_near_the_normal_interval():
+    x = np.random.default_rng(1).normal(1000.0, 100.0, size=400)
+    lo, hi = bootstrap_ci(x)
+    assert (lo, hi) == bootstrap_ci(x)  # fixed seed: reproducible
+    half = 1.96 * x.std(ddof=1) / math.sqrt(x.size)
+    assert lo == pytest.approx(x.mean() - half, abs=0.1 * half)
+    assert hi == pytest.approx(x.mean() + half, abs=0.1 * half)
+
+
+def test_verdict_rule():
+    ours = summarize([2000, 2200])  # CI [2000, 2200]
+    assert verdict(ours, 2100) == "agrees"  # paper mean inside our CI
+    assert verdict(ours, 7800, 6000, 9400) == "differs"
+    assert verdict(ours, 5000, 1000, 3000) == "agrees"  # our mean inside the paper's range
+    assert verdict(summarize([7000]), 7300, 6000, 9200) == "agrees"  # n = 1: no CI, range still decides
+    assert verdict(summarize([7000]), 7300) == "differs"
+    assert verdict(summarize([]), 820, 600, 1200) == "n/a"
+    assert verdict(ours, None) == "n/a"
+
+
+# ---- onsets of one run -------------------------------------------------------------------------
+def test_rule_onset_on_the_grid_and_at_own_resolution():
+    rows = [{"epoch": e, "test_acc": a} for e, a in [(0, 0.0), (190, 0.96), (200, 0.90), (390, 0.97), (400, 0.951),
+                                                      (600, 1.0)]]
+    rule = Rule(0.95, False, 200)
+    assert rule.onset(rows) == 190
+    assert rule.onset(rule.on_grid(rows)) == 400  # the dip at 200 puts the grid onset at the next multiple
+    assert Rule(0.95, False, 200).onset([{"epoch": 200, "test_acc": 0.95}]) is None  # strictly above 0.95
+    assert Rule(0.99, True, 200).onset([{"epoch": 200, "test_acc": 0.99}]) == 200  # S5: at least 0.99
+
+
+# ---- the paper's rows --------------------------------------------------------------------------
+def test_paper_numbers_ship_with_the_package():
+    data = paper_tables()
+    row = next(r for r in data["table1_zp_addition_p113"]["rows"] if r["lr"] == 6e-4 and r["config"] == "bounded_sphere"
+               and r["wd"] == 0.0)
+    assert (row["mean"], row["std"], row["min"], row["max"]) == (820, 199, 600, 1200)
+    for table in TABLES.values():
+        assert len(table.rows()) == len(data[table.key]["rows"])
+
+
+def _config_of(requires):
+    fields = {k: (v.values[0] if isinstance(v, OneOf) else v) for k, v in requires.items()}
+    return make_config("ln", **fields)
+
+
+@pytest.mark.parametrize("name", list(TABLES))
+def test_every_paper_row_is_matched_by_its_own_fields(name):
+    table = TABLES[name]
+    for row in table.rows():
+        cfg = _config_of(row.requires)
+        assert table.claims(cfg)
+        hit, why = table.match(cfg)
+        assert hit is not None and hit.label == row.label, why
+
+
+@pytest.mark.parametrize("preset,fields,table,expected", [
+    ("fb", dict(lr=6e-4), "table1", "bounded_sphere wd 0 lr 0.0006"),
+    ("sphere", dict(lr=1e-4), "table1", "bounded_sphere wd 1 lr 0.0001"),
+    ("fb+fourier", dict(lr=6e-4), "table1", "bounded_sphere+fourier_init wd 0 lr 0.0006"),
+    ("fb+notebook", dict(lr=6e-4), "table1", "bounded_sphere wd 0 lr 0.0006"),
+    ("rms", dict(task="mul", unembed="bounded"), "table2", "rmsnorm wd 1 lr 0.0006"),
+    ("sphere_raw+uniform", dict(lr=1e-4, beta2=0.98), "table3", "sphere+uniform wd 1 lr 0.0001"),
+    ("fb+uniform", dict(lr=1e-4, beta2=0.98), "table3", "bounded_sphere+uniform wd 0 lr 0.0001"),
+    ("sphere_raw", dict(task="perm", lr=1e-3), "table4", "sphere wd 1 lr 0.001"),
+    ("fb", dict(task="perm", lr=1e-3), "table4", "sphere wd 0 lr 0.001"),
+    ("rms+uniform", dict(task="perm", lr=1e-3, beta2=0.98), "appendixB", "rmsnorm+uniform wd 1 lr 0.001"),
+])
+def test_presets_map_to_the_paper_rows(preset, fields, table, expected):
+    hit, why = TABLES[table].match(make_config(preset, **fields))
+    assert hit is not None and hit.label == expected, why
+
+
+@pytest.mark.parametrize("preset,fields,table,needle", [
+    ("ln", dict(task="mul"), "table2", "unembed raw (paper: bounded)"),  # Table 2 baselines use the bounded readout
+    ("sphere+uniform", dict(lr=1e-4, beta2=0.98), "table3", "unembed bounded (paper: raw)"),  # the notebook's raw variant
+    ("fb+uniform", dict(lr=1e-4), "table3", "beta2 0.999 (paper: 0.98)"),
+    ("fb", dict(lr=6e-4, d_mlp=256), "table1", "d_mlp 256 (paper: 512)"),
+    ("fb", dict(lr=3e-4), "table1", "lr 0.0003"),
+    ("fb", dict(lr=6e-4, init="tl"), "table1", "init tl (paper: paper or notebook)"),
+    ("fb", dict(lr=6e-4, fourier_init=[1, 2]), "table1", "fourier_init [1, 2]"),
+])
+def test_configs_outside_the_paper_say_why(preset, fields, table, needle):
+    hit, why = TABLES[table].match(make_config(preset, **fields))
+    assert hit is None and needle in why
+
+
+# ---- whole tables from constructed runs --------------------------------------------------------
+@pytest.fixture
+def sweep(tmp_path, write_run, step_curve):
+    """Runs with known onsets in an arbitrary folder layout (grouping must come from run.json)."""
+    root = tmp_path / "runs"
+    fb = dict(lr=6e-4, epochs=2000, **ADD)
+    # fb lr 6e-4: grid onsets 600, 800, 1000, 1200 (mean 900); own 550, 800, 950, 1110
+    write_run(root / "a" / "seed_1", make_config("fb", seed=1, data_seed=1, **fb), step_curve(550, 2000))
+    write_run(root / "b" / "c" / "d" / "seed_2", make_config("fb", seed=2, data_seed=2, **fb), step_curve(800, 2000))
+    write_run(root / "seed_3", make_config("fb", seed=3, data_seed=3, **fb), step_curve(950, 2000))
+    # preset name 'sphere' with weight decay 0: the same fields as fb, so the same configuration
+    write_run(root / "zz" / "seed_4", make_config("sphere", weight_decay=0.0, seed=4, data_seed=4, **fb),
+              step_curve(1110, 2000))
+    ln = dict(lr=6e-4, epochs=3000, **ADD)  # grid onsets 2000, 2200: far below the paper's 7,800
+    write_run(root / "ln" / "s1", make_config("ln", seed=1, **ln), step_curve(2000, 3000))
+    write_run(root / "ln" / "s2", make_config("ln", seed=2, **ln), step_curve(2150, 3000))
+    rms = dict(lr=6e-4, epochs=8000, **ADD)  # one onset (7,000) and one run that sits at exactly 0.95: no onset
+    write_run(root / "rms" / "s1", make_config("rms", seed=1, **rms), step_curve(7000, 8000))
+    write_run(root / "rms" / "s2", make_config("rms", seed=2, **rms), step_curve(8001, 8000, before=0.95))
+    write_run(root / "big" / "s1", make_config("ln", seed=1, d_mlp=256, **ln), step_curve(2000, 3000))
+    write_run(root / "busy" / "s9", make_config("fb", seed=9, **fb), step_curve(500, 600), status="running")
+    return root
+
+
+def _rows(built, name):
+    return {r.group.label if r.group else r.paper.label: r for r in next(t for t in built if t.name == name).rows}
+
+
+def test_table1_from_constructed_runs(sweep):
+    built, notes = build_tables(sweep, "table1")
+    assert [t.name for t in built] == ["table1"]
+    rows = _rows(built, "table1")
+    fb = rows["fb lr 0.0006 wd 0"]
+    assert fb.paper.label == "bounded_sphere wd 0 lr 0.0006"
+    assert [m.seed for m in fb.measures] == [1, 2, 3, 4]
+    assert fb.values("onset_grid") == [600, 800, 1000, 1200]
+    assert fb.values("onset_own") == [550, 800, 950, 1110]
+    assert [m.onset_own for m in fb.measures] == [load_run(m.path).events["onset_095"] for m in fb.measures]
+    s = fb.summary("onset_grid")
+    assert (s.mean, s.std) == (900.0, pytest.approx(258.1988897))
+    assert fb.verdict == "agrees"
+
+    ln = rows["ln lr 0.0006 wd 1"]
+    assert ln.values("onset_grid") == [2000, 2200]
+    assert _ci(ln.summary("onset_grid")) == (2000.0, 2200.0)
+    assert ln.verdict == "differs"
+
+    rms = rows["rms lr 0.0006 wd 1"]
+    assert rms.values("onset_grid") == [7000] and rms.failures("onset_grid") == 1
+    assert math.isnan(rms.summary("onset_grid").std) and rms.verdict == "agrees"  # 7,000 in the paper's 6,000-9,200
+
+    empty = rows["layernorm wd 1 lr 0.0001"]
+    assert empty.group is None and empty.verdict == "n/a"
+    odd = rows["ln (d_mlp=256) lr 0.0006 wd 1"]
+    assert odd.paper is None and "d_mlp 256 (paper: 512)" in odd.note
+    assert any("seed_9" not in n and "busy" in n and "running" in n for n in notes)
+    assert not any(m.seed == 9 for r in rows.values() for m in r.measures)
+
+
+def test_cli_table_prints_and_writes_markdown_and_csv(sweep, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "tables"
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setattr(sys, "argv", ["geolens", "table", "--runs", str(sweep), "--paper", "table1", "--out", str(out)])
+    main()
+    printed = capsys.readouterr().out
+    assert "Table 1" in printed and "agrees" in printed and "differs" in printed and "matched no paper row" in printed
+    with open(out / "table1.csv") as f:
+        recs = list(csv.DictReader(f))
+    assert len(recs) == 12 + 1  # the paper's twelve rows (three with our runs) and one configuration without a row
+    fb = next(r for r in recs if r["config"] == "fb")
+    assert (fb["paper_config"], float(fb["paper_lr"]), float(fb["paper_wd"])) == ("bounded_sphere", 6e-4, 0.0)
+    assert (fb["runs"], fb["seeds"], fb["onset_grid_n"], fb["onset_grid_failures"]) == ("4", "1 2 3 4", "4", "0")
+    assert float(fb["onset_grid_mean"]) == 900.0 and float(fb["onset_grid_std"]) == pytest.approx(258.1988897)
+    assert float(fb["onset_own_mean"]) == 852.5
+    assert 600 <= float(fb["onset_grid_ci_lo"]) < 900 < float(fb["onset_grid_ci_hi"]) <= 1200
+    assert (float(fb["paper_mean"]), float(fb["paper_min"]), float(fb["paper_max"]), fb["verdict"]) == (820, 600, 1200, "agrees")
+    assert fb["presets"] == "fb sphere"
+    rms = next(r for r in recs if r["config"] == "rms")
+    assert rms["onset_grid_std"] == "nan" and rms["onset_grid_failures"] == "1"
+    with open(out / "table1_runs.csv") as f:
+        runs = list(csv.DictReader(f))
+    assert sorted(int(r["onset_grid"]) for r in runs if r["config"] == "fb") == [600, 800, 1000, 1200]
+    md = (out / "table1.md").read_text()
+    assert "| bounded_sphere wd 0 lr 0.0006 | fb | 0.0006 | 0 | 4 | 900 ± 258 | 600-1,200 |" in md
+    assert "820 ± 199 | 600-1,200 | 0/10 | agrees |" in md
+    assert "ln (d_mlp=256) lr 0.0006 wd 1, add p=113: matched no paper row" in md
+
+
+def test_s5_table_uses_at_least_099_and_averages_successes(tmp_path, write_run, step_curve):
+    s5 = dict(task="perm", n_perm=5, lr=1e-3, epochs=60_000, eval_every=100)
+    # 0.96 from epoch 100 counts for > 0.95 but not for >= 0.99; exactly 0.99 does
+    write_run(tmp_path / "ln1", make_config("ln", seed=1, **s5), step_curve(30_000, 60_000, 100, before=0.96, after=0.99))
+    write_run(tmp_path / "ln2", make_config("ln", seed=2, **s5), step_curve(50_100, 60_000, 100, before=0.96, after=1.0))
+    write_run(tmp_path / "ln3", make_config("ln", seed=3, **s5), step_curve(0, 60_000, 100, after=0.985))
+    for s in (1, 2):
+        write_run(tmp_path / f"sp{s}", make_config("sphere_raw", seed=s, **s5), step_curve(0, 60_000, 100, after=0.01))
+    built, _ = build_tables(tmp_path)
+    assert [t.name for t in built] == ["table4"]
+    rows = _rows(built, "table4")
+    ln = rows["ln lr 0.001 wd 1"]
+    assert ln.values("onset_grid") == [30_000, 50_200] and ln.values("onset_own") == [30_000, 50_100]
+    assert ln.failures("onset_grid") == 1 and ln.summary("onset_grid").mean == 40_100
+    assert ln.verdict == "agrees"  # the paper: 39,900 over 8 successes, 24,400-58,400
+    sphere = rows["sphere_raw lr 0.001 wd 1"]
+    assert sphere.paper.label == "sphere wd 1 lr 0.001" and sphere.failures("onset_grid") == 2
+    assert sphere.verdict == "n/a"  # the paper lists only failures (10/10)
+    rec = next(r for r in built[0].records() if r["config"] == "sphere_raw")
+    assert (rec["paper_failures"], rec["onset_grid_failures"], rec["threshold"], rec["inclusive"]) == (10, 2, 0.99, True)
+    assert any("60,000 epochs, the paper 100,000" in n for n in built[0].notes)
+
+
+def test_uniform_attention_table_reports_peaks_on_the_1000_grid(tmp_path, write_run, step_curve):
+    uni = dict(lr=1e-4, beta2=0.98, epochs=3000, **ADD)
+    for s in (1, 2):
+        write_run(tmp_path / f"ln{s}", make_config("ln+uniform", seed=s, **uni), step_curve(1000, 3000, after=1.0))
+        write_run(tmp_path / f"sr{s}", make_config("sphere_raw+uniform", seed=s, **uni), step_curve(1000, 3000, after=1.0))
+    # peak 1.0 only at epoch 1500 (not on the paper's 1000-epoch grid), 0.99 elsewhere after 1000
+    write_run(tmp_path / "fb1", make_config("fb+uniform", seed=1, **uni), step_curve(1000, 3000, after=0.99, dips={1500: 1.0}))
+    write_run(tmp_path / "fb2", make_config("fb+uniform", seed=2, **uni), step_curve(1000, 3000, after=1.0))
+    built, _ = build_tables(tmp_path, "table3")
+    rows = _rows(built, "table3")
+    ln = rows["ln+uniform (beta2=0.98) lr 0.0001 wd 1"]
+    assert ln.values("peak_grid") == [1.0, 1.0] and ln.full_success("peak_grid") == 2
+    assert ln.verdict == "agrees"  # paper mean 1.0 inside our CI [1, 1]
+    assert rows["sphere_raw+uniform (beta2=0.98) lr 0.0001 wd 1"].verdict == "differs"  # paper 0.9765, ours 1.0 on every seed
+    fb = rows["fb+uniform (beta2=0.98) lr 0.0001 wd 0"]
+    assert fb.values("peak_grid") == [0.99, 1.0] and fb.values("peak_own") == [1.0, 1.0]
+    assert (fb.full_success("peak_grid"), fb.full_success("peak_own")) == (1, 2)
+    rec = next(r for r in built[0].records() if r["config"] == "fb+uniform (beta2=0.98)")
+    assert (rec["grid"], rec["paper_mean_peak"], rec["paper_full_success"]) == (1000, 1.0, 10)
+
+
+def test_default_tables_follow_task_and_attention(tmp_path, write_run, step_curve):
+    write_run(tmp_path / "a", make_config("fb", lr=6e-4, epochs=1000, **ADD), step_curve(500, 1000))
+    write_run(tmp_path / "s", make_config("fb", task="sub", lr=6e-4, epochs=1000, eval_every=10), step_curve(700, 1000))
+    write_run(tmp_path / "p", make_config("ln+uniform", task="perm", lr=1e-3, epochs=1000, eval_every=10),
+              step_curve(700, 1000))
+    built, notes = build_tables(tmp_path)
+    assert [t.name for t in built] == ["table1", "appendixB", "onsets"]
+    onsets = built[-1]
+    assert [r.group.label for r in onsets.rows] == ["fb lr 0.0006 wd 0"] and onsets.rows[0].values("onset_grid") == [800]
+    assert onsets.rows[0].paper is None and onsets.rows[0].verdict == "n/a"
+    built, notes = build_tables(tmp_path, "table1")
+    assert any(n.startswith("not part of table1 (sub p=113") for n in notes)
+
+
+def test_groups_come_from_config_fields_not_folders(tmp_path, write_run, step_curve):
+    write_run(tmp_path / "fb" / "seed_1", make_config("fb", seed=1, lr=6e-4, **ADD), step_curve(100, 200))
+    write_run(tmp_path / "fb" / "seed_2", make_config("fb", seed=2, lr=1e-4, **ADD), step_curve(100, 200))  # other lr
+    write_run(tmp_path / "x" / "y", make_config("sphere", seed=3, weight_decay=0.0, lr=6e-4, **ADD), step_curve(100, 200))
+    write_run(tmp_path / "f4", make_config("fb+fourier", seed=4, lr=6e-4, **ADD), step_curve(100, 200))
+    runs, skipped = find_runs(tmp_path)
+    groups = group_runs(runs)
+    assert not skipped
+    assert sorted((g.label, tuple(g.seeds)) for g in groups) == [
+        ("fb lr 0.0001 wd 0", (2,)), ("fb lr 0.0006 wd 0", (1, 3)), ("fb+fourier lr 0.0006 wd 0", (4,))]
+    assert make_config("fb+fourier").fourier_init == list(PAPER_FOURIER_FREQS)
+
+
+def test_bad_input_is_one_line_error(tmp_path, monkeypatch, capsys, write_run, step_curve):
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["geolens", "table", *map(str, args)])
+        with pytest.raises(SystemExit) as e:
+            main()
+        return e.value.code, capsys.readouterr().err
+
+    code, err = run("--runs", tmp_path)
+    assert code == 2 and "no finished run directory" in err
+    write_run(tmp_path / "a", make_config("fb", lr=6e-4, **ADD), step_curve(100, 200))
+    code, err = run("--runs", tmp_path, "--paper", "table9")
+    assert code == 2 and "unknown paper table 'table9'" in err
+    code, err = run("--runs", tmp_path, "--paper", "table4")
+    assert code == 2 and "no run under" in err and "belongs to table4" in err
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "run.json").write_text("{not json")
+    write_run(tmp_path / "nometrics", make_config("fb", lr=6e-4, **ADD), step_curve(100, 200))
+    (tmp_path / "nometrics" / "metrics.csv").unlink()
+    built, notes = build_tables(tmp_path)
+    assert any("broken" in n and "corrupt" in n for n in notes)
+    assert any("nometrics" in n and "metrics.csv is missing" in n for n in notes)
+    assert [len(r.measures) for r in built[0].rows if r.group] == [1]
+    with pytest.raises(GeoError, match="not a directory"):
+        build_tables(tmp_path / "missing")
+
+
+def test_tiny_real_sweep_table_matches_its_metrics(tiny_sweep):
+    built, notes = build_tables(tiny_sweep)
+    assert [t.name for t in built] == ["table1"]
+    rows = [r for r in built[0].rows if r.group is not None]
+    assert sorted(r.group.name for r in rows) == ["fb", "sphere"]
+    for row in rows:
+        assert row.paper is None and "p 23 (paper: 113)" in row.note  # a tiny model is no paper row
+        for m in row.measures:
+            metrics = load_run(m.path).metrics
+            grid = [r for r in metrics if r["epoch"] % 200 == 0]
+            assert m.onset_grid == next((r["epoch"] for r in grid if r["test_acc"] > 0.95), None)
+            assert m.onset_own == json.loads((m.path / "events.json").read_text())["onset_095"]
+            assert m.peak_own == max(r["test_acc"] for r in metrics)
