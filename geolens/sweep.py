@@ -248,6 +248,11 @@ class RayBackend:
     def run(self, jobs: list[Job], handle: Send) -> None:
         from ray.util.queue import Queue
 
+        gpu = sorted({m.name for j in jobs for m in j.members if m.cfg.device != "cpu"})
+        if gpu:
+            raise GeoError(f"the Ray backend trains on CPUs, but {gpu[0]} has device = cuda; use --backend local "
+                           "on the GPU machine")
+
         ray = self.ray
         messages = Queue(actor_options={"num_cpus": 0})
         task = ray.remote(num_cpus=self.threads, max_retries=0)(_ray_task)

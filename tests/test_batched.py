@@ -129,28 +129,6 @@ def test_sweep_cli_writes_member_runs_skips_finished_and_refuses_changed(tmp_pat
     with pytest.raises(GeoError, match="--seeds"):
         app(args[:6] + ["1,1"] + args[7:], standalone_mode=False)
 
-def _files_equal(a, b):
-    """Two member directories hold the same run: every tensor file bit for bit, metrics but elapsed_s,
-    events, manifest, config and status (timing and engine_reason, which names the stack size, may differ)."""
-    import json
-
-    fa = sorted(f.relative_to(a).as_posix() for f in a.rglob("*") if f.is_file())
-    assert fa == sorted(f.relative_to(b).as_posix() for f in b.rglob("*") if f.is_file())
-    for name in fa:
-        if name.endswith(".safetensors"):
-            ta, tb = load_tensors(a / name), load_tensors(b / name)
-            assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta), name
-        elif name == "metrics.csv":
-            strip = lambda p: [r.rsplit(",", 1)[0] for r in (p / name).read_text().splitlines()]  # noqa: E731
-            assert strip(a) == strip(b)
-        elif name == "run.json":
-            ja, jb = (json.loads((p / name).read_text()) for p in (a, b))
-            keep = lambda j: {k: v for k, v in j.items() if k not in ("timing", "engine_reason")}  # noqa: E731
-            assert keep(ja) == keep(jb)
-        else:
-            assert (a / name).read_bytes() == (b / name).read_bytes(), name
-
-
 def _killed_at(monkeypatch, epoch):
     """train_batched/resume_batched raise KeyboardInterrupt (as a killed process would stop) at `epoch`."""
     import geolens.batched as batched
@@ -166,7 +144,7 @@ def _killed_at(monkeypatch, epoch):
     return lambda: monkeypatch.setattr(batched, "_evaluate", real)
 
 
-def test_batched_resume_equals_the_uninterrupted_batch_bit_for_bit(tmp_path, monkeypatch):
+def test_batched_resume_equals_the_uninterrupted_batch_bit_for_bit(tmp_path, monkeypatch, assert_identical_runs):
     from geolens.batched import resume_batched
 
     cfgs = [make_config("ln", seed=s, data_seed=s, **{**TINY, "epochs": 50, "checkpoints": "every:20"}) for s in (1, 2, 3)]
@@ -182,12 +160,12 @@ def test_batched_resume_equals_the_uninterrupted_batch_bit_for_bit(tmp_path, mon
                    on_eval=lambda epoch, done: seen.append((epoch, sum(done))))
     assert seen[0] == (25, 0) and seen[-1] == (50, 3)  # the resumed epoch itself is not evaluated again
     for i in range(3):
-        _files_equal(tmp_path / "full" / f"m{i}", tmp_path / "killed" / f"m{i}")
+        assert_identical_runs(tmp_path / "full" / f"m{i}", tmp_path / "killed" / f"m{i}")
     with pytest.raises(GeoError, match="already at epoch 50"):
         resume_batched([tmp_path / "killed" / "m0"], progress=False)
 
 
-def test_a_lone_member_resumes_with_a_copy_as_in_its_stack(tmp_path, monkeypatch):
+def test_a_lone_member_resumes_with_a_copy_as_in_its_stack(tmp_path, monkeypatch, assert_identical_runs):
     # stacked with an unrecorded copy of itself (min_stack=2) a member continues exactly as in its
     # original stack of three; alone it would take the one-member matmul path
     from geolens.batched import resume_batched
@@ -199,7 +177,7 @@ def test_a_lone_member_resumes_with_a_copy_as_in_its_stack(tmp_path, monkeypatch
         train_batched(cfgs, [tmp_path / "killed" / f"m{i}" for i in range(3)], progress=False)
     restore()
     resume_batched([tmp_path / "killed" / "m1"], progress=False, min_stack=2)
-    _files_equal(tmp_path / "full" / "m1", tmp_path / "killed" / "m1")
+    assert_identical_runs(tmp_path / "full" / "m1", tmp_path / "killed" / "m1")
     assert load_run(tmp_path / "killed" / "m1").header["timing"]["members"] == 2
     with pytest.raises(GeoError, match="one epoch"):  # m1 is at epoch 40 now, m2 still at 20
         resume_batched([tmp_path / "killed" / "m1", tmp_path / "killed" / "m2"], progress=False)
