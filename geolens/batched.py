@@ -12,9 +12,16 @@ own gradient.
 Each member starts from GeoTransformer(cfg_i)'s initialisation and trains on make_dataset(cfg_i),
 as a single run would, and is written as an ordinary run directory (run.json with its own config,
 metrics.csv, events.json, checkpoints/, resume.safetensors in the single-run key format), so
-`geolens train --resume --out DIR` continues a member with the single-run code. A member that
-early-stops is finalised and no longer recorded; the stack keeps stepping it until every member is
-done (the batch ends when the last member stops).
+`geolens train --resume --out DIR` continues a member with the single-run code, and resume_batched
+continues members stacked, from their resume states. A member that early-stops is finalised and no
+longer recorded; the stack keeps stepping it until every member is done (the batch ends when the
+last member stops).
+
+A member's numbers do not depend on the other members of a stack of two or more (every per-member
+computation is sliced the same way; measured bit for bit at p = 23 and 113), so a member continues
+bit for bit when resumed in another stack of two or more on as many torch threads; one model alone
+takes geolens.fast's single-member matmul path, whose float order differs, hence min_stack: an
+unrecorded copy of member 0 keeps a lone member company.
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ def _watch_driver(driver_pid: int, poll_s: float = 0.5, grace_s: float = 30.0) -
 
 
 class LocalBackend:
-    name = "local"
+    """`workers` spawned processes on this machine (module docstring)."""
 
     def __init__(self, workers: int | None, threads: int | None):
         self.workers = workers or 1
@@ -160,8 +160,8 @@ class LocalBackend:
         self.threads = threads
 
     def describe(self) -> str:
-        threads = self.threads or f"{min(len(s) for s in self.shares)}-{max(len(s) for s in self.shares)}"
-        return f"local: {self.workers} worker process(es) on {len(self.cores)} core(s), torch threads {threads}"
+        threads = self.threads or "/".join(sorted({str(len(s)) for s in self.shares}))
+        return f"local: {self.workers} worker process(es) on {len(self.cores)} core(s), {threads} torch thread(s) each"
 
     def run(self, jobs: list[Job], handle: Send) -> None:
         import multiprocessing
@@ -177,7 +177,7 @@ class LocalBackend:
         procs = [ctx.Process(target=_local_worker, name=f"geolens-sweep-{i}", daemon=True,
                              args=(i, self.shares[i], self.threads or len(self.shares[i]), todo, messages, os.getpid()))
                  for i in range(n)]
-        held: dict[int, int] = {}  # worker -> the job it took last
+        held: dict[int, int] = {}  # worker index -> the job it took last
         open_jobs = set(range(len(jobs)))
         try:
             for p in procs:
@@ -199,16 +199,19 @@ class LocalBackend:
                             open_jobs.discard(held[i])
                             handle(("failed", held[i], f"its worker process died (exit code {p.exitcode})", ""))
                     if not any(p.is_alive() for p in procs):
+                        codes = sorted({p.exitcode for p in procs})
                         for job_id in sorted(open_jobs):
-                            handle(("failed", job_id, "not run: no worker process was left", ""))
+                            handle(("failed", job_id, f"not run: the worker processes exited (exit codes {codes}; a "
+                                    "script that runs a sweep needs the `if __name__ == '__main__':` guard)", ""))
                         open_jobs.clear()
             for p in procs:
                 p.join(timeout=30)
         finally:
-            for p in procs:
+            started = [p for p in procs if p.pid is not None]
+            for p in started:
                 if p.is_alive():
                     p.terminate()  # SIGTERM: the worker finishes its queued writes, then exits
-            for p in procs:
+            for p in started:
                 p.join(timeout=60)
             todo.cancel_join_thread()
             messages.cancel_join_thread()
@@ -223,7 +226,8 @@ def _ray_task(job_id: int, job: Job, threads: int, messages) -> None:
 
 
 class RayBackend:
-    name = "ray"
+    """One Ray task per job (module docstring); `workers` only sets how many jobs a group is split into:
+    Ray runs as many at once as the cluster's CPUs allow."""
 
     def __init__(self, workers: int | None, threads: int | None, address: str | None):
         try:
@@ -242,7 +246,7 @@ class RayBackend:
         self.workers = workers or max(1, self.cpus // self.threads)
 
     def describe(self) -> str:
-        return (f"ray: {self.cpus} CPU(s) in the cluster, up to {self.workers} job(s) at once, "
+        return (f"ray: {self.cpus} CPU(s) in the cluster, groups split into up to {self.workers} job(s), "
                 f"{self.threads} torch thread(s) each")
 
     def run(self, jobs: list[Job], handle: Send) -> None:
