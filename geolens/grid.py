@@ -103,8 +103,9 @@ def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, set
         preset_fields(preset)  # an unknown preset fails here, naming it
     if "seeds" not in keys:
         raise GeoError("a sweep needs seeds; give --seeds 1-10 (or seeds = \"1-10\" in the grid file)")
-    shared = {SHARED_FIELDS[k]: keys[k] for k in SHARED_FIELDS if k in keys}
-    set_table = dict(keys.get("set", {}))
+    # every shared value is typed by its config field, as --set does (a file may say frac = "0.5")
+    shared = dict(parse_override(f"{SHARED_FIELDS[k]}={keys[k]}") for k in SHARED_FIELDS if k in keys)
+    set_table = dict(parse_override(f"{name}={value}") for name, value in keys.get("set", {}).items())
     set_table.update(dict(parse_override(text) for text in sets))
     for name in set_table:
         if name in AXIS_FIELDS:
@@ -113,7 +114,7 @@ def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, set
     layout = str(keys.get("layout", "auto"))
     if layout not in LAYOUTS:
         raise GeoError(f"layout '{layout}' is not valid; choose one of {', '.join(LAYOUTS)}")
-    grid = Grid(
+    return Grid(
         presets=presets,
         seeds=parse_seeds(keys["seeds"]),
         lrs=_items(keys["lr"], float, "--lr") if "lr" in keys else None,
@@ -121,11 +122,10 @@ def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, set
         tasks=_items(keys["task"], str, "--task") if "task" in keys else None,
         ps=_items(keys["p"], int, "--p") if "p" in keys else None,
         epochs=parse_epochs(keys["epochs"], presets) if "epochs" in keys else {},
-        data_seed=None if keys.get("data_seed") is None else int(keys["data_seed"]),
+        data_seed=parse_override(f"data_seed={keys['data_seed']}")[1] if "data_seed" in keys else None,
         shared=shared,
         layout=layout,
     )
-    return grid
 
 
 def parse_seeds(value: Any) -> list[int]:

@@ -102,12 +102,13 @@ def test_per_preset_epochs():
 def test_grid_file_and_flags(tmp_path):
     path = tmp_path / "table1.toml"
     path.write_text('presets = ["fb", "ln"]\nseeds = "1-2"\nlr = 6e-4\nearly_stop = 200\ncheckpoints = "ends"\n'
-                    '[epochs]\nln = 300\ndefault = 100\n[set]\nd_mlp = 64\n')
+                    'frac = "0.5"\n[epochs]\nln = 300\ndefault = 100\n[set]\nd_mlp = 64\ncausal = true\n')
     grid = make_grid(path)
     members = expand(grid, tmp_path, resolve_layout(grid, tmp_path))
     assert [m.name for m in members] == ["fb/lr6e-4/seed_1", "fb/lr6e-4/seed_2", "ln/lr6e-4/seed_1", "ln/lr6e-4/seed_2"]
     assert [m.cfg.epochs for m in members] == [100, 100, 300, 300]
-    assert {(m.cfg.d_mlp, m.cfg.checkpoints, m.cfg.early_stop_after) for m in members} == {(64, "ends", 200)}
+    assert {(m.cfg.d_mlp, m.cfg.checkpoints, m.cfg.early_stop_after, m.cfg.frac_train, m.cfg.causal)
+            for m in members} == {(64, "ends", 200, 0.5, True)}  # values typed by their field
     # a flag replaces the file's key; --set adds to its [set] table
     grid = make_grid(path, dict(seeds="3", epochs="50"), ["d_head=8"])
     assert [(m.cfg.seed, m.cfg.epochs, m.cfg.d_head, m.cfg.d_mlp) for m in expand(grid, tmp_path, "nested")] == [
@@ -248,3 +249,26 @@ def test_chunks():
     assert chunks(list(range(5)), 8) == [[0, 1, 2], [3, 4]]  # at least two members a chunk
     assert chunks([0], 4) == [[0]]
     assert chunks(list(range(10)), 3) == [[0, 1, 2, 3], [4, 5, 6], [7, 8, 9]]
+
+
+def test_one_configuration_sweeps_are_recognised_by_the_grid(tmp_path):
+    # members written as the one-configuration command wrote them: geolens sweep --preset P --lr 6e-4
+    # --seeds 1-2 ... --out OUT/P/lr6e-4 made make_config(P, lr=6e-4, ..., seed=s, data_seed=s) into seed_<s>
+    # (p = 113 with a small model: --p would add a p<p> level)
+    small = dict(d_model=32, n_heads=4, d_head=8, d_mlp=64)
+    for preset in ("fb", "ln"):
+        cfgs = [make_config(preset, lr=6e-4, epochs=4, eval_every=2, early_stop_after=200, checkpoints="every:2",
+                            seed=s, data_seed=s, **small) for s in (1, 2)]
+        train_batched(cfgs, [tmp_path / preset / "lr6e-4" / f"seed_{s}" for s in (1, 2)], progress=False)
+    flags = dict(lr="6e-4", seeds="1-2", epochs="4", eval_every=2, early_stop=200, checkpoints="every:2")
+    grid = make_grid(flags={**flags, "presets": "fb,ln"}, sets=TINY_SET)
+    result = run_sweep(grid, tmp_path, progress=False)
+    assert result.status == {f"{p}/lr6e-4/seed_{s}": "skipped" for p in ("fb", "ln") for s in (1, 2)}
+    # the one-configuration form still finds them in its flat layout
+    flat = make_grid(flags={**flags, "presets": "fb"}, sets=TINY_SET)
+    assert run_sweep(flat, tmp_path / "fb" / "lr6e-4", progress=False).status == {"seed_1": "skipped",
+                                                                                 "seed_2": "skipped"}
+    # a changed budget is refused, naming the field
+    with pytest.raises(GeoError, match="epochs = 4 but the sweep asks for 8"):
+        run_sweep(make_grid(flags={**flags, "presets": "fb,ln", "epochs": "ln=8,4"}, sets=TINY_SET), tmp_path,
+                  progress=False)
