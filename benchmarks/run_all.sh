@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Every benchmark in one command, each measuring its own reference in the same run:
 #   bash benchmarks/run_all.sh
-# training ms/epoch (straightforward vs hooked vs fast), batched seed-epochs/s, analysis s/checkpoint.
+# training ms/epoch (straightforward vs hooked vs fast), batched seed-epochs/s, grid sweeps per backend,
+# analysis s/checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
 "$py" benchmarks/bench_train.py "$@"
 "$py" benchmarks/bench_batched.py
+"$py" benchmarks/bench_grid.py
 "$py" benchmarks/bench_analysis.py

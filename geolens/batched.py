@@ -12,9 +12,16 @@ own gradient.
 Each member starts from GeoTransformer(cfg_i)'s initialisation and trains on make_dataset(cfg_i),
 as a single run would, and is written as an ordinary run directory (run.json with its own config,
 metrics.csv, events.json, checkpoints/, resume.safetensors in the single-run key format), so
-`geolens train --resume --out DIR` continues a member with the single-run code. A member that
-early-stops is finalised and no longer recorded; the stack keeps stepping it until every member is
-done (the batch ends when the last member stops).
+`geolens train --resume --out DIR` continues a member with the single-run code, and resume_batched
+continues members stacked, from their resume states. A member that early-stops is finalised and no
+longer recorded; the stack keeps stepping it until every member is done (the batch ends when the
+last member stops).
+
+A member's numbers do not depend on the other members of a stack of two or more (every per-member
+computation is sliced the same way; measured bit for bit at p = 23 and 113), so a member continues
+bit for bit when resumed in another stack of two or more on as many torch threads; one model alone
+takes geolens.fast's single-member matmul path, whose float order differs, hence min_stack: an
+unrecorded copy of member 0 keeps a lone member company.
 """
 
 from __future__ import annotations
@@ -22,25 +29,28 @@ from __future__ import annotations
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from geolens.config import GeoConfig
-from geolens.errors import GeoError
+from geolens.errors import GeoError, warn
 from geolens.fast import stacked_fast_logits
+from geolens.integrity import resume_point
 from geolens.model import GeoTransformer
 from geolens.progress import EpochProgress, sweep_stats
-from geolens.runlock import NewRunClaim
+from geolens.runlock import NewRunClaim, RunLock
 from geolens.schedule import parse_schedule
-from geolens.storage import BackgroundWriter, RunDir
+from geolens.storage import BackgroundWriter, RunDir, atomic_write_json, load_tensors
 from geolens.tasks import make_dataset
 from geolens.train import (
     TrainResult,
     choose_engine,
     early_stop_due,
     finish_run,
+    from_resume_state,
     make_optimizer,
     mark_started,
     metrics_row,
@@ -111,9 +121,15 @@ def member_losses(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(S * B, C), labels.reshape(S * B), reduction="none").view(S, B).mean(1)
 
 
-def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = False,
-                  progress: bool = True) -> list[TrainResult]:
-    """Train member i = cfgs[i] into run directory outs[i] (existing ones are refused unless force)."""
+def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = False, progress: bool = True,
+                  min_stack: int = 1, on_eval: Callable[[int, list[bool]], None] | None = None) -> list[TrainResult]:
+    """Train member i = cfgs[i] into run directory outs[i] (existing ones are refused unless force).
+
+    min_stack: stack at least this many models; the extra ones are unrecorded copies of member 0 (a
+    member's numbers are the same in every stack of two or more, while one model alone takes the
+    single-member matmul path of geolens.fast, whose float order differs). on_eval(epoch, done):
+    called after every evaluation with each member's done flag.
+    """
     check_members(cfgs)
     if len(outs) != len(cfgs):
         raise GeoError(f"{len(cfgs)} member configs but {len(outs)} output directories")
@@ -124,17 +140,74 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
         raise GeoError(f"run directories {taken} already exist; use --force to replace them or choose another --out")
     with ExitStack() as stack, out_of_memory_as_error(cfgs[0], engine):
         claims = [stack.enter_context(NewRunClaim(o, force)) for o in outs]
-        return _train_members(cfgs, claims, dev, progress)
+        runs = [RunDir(c.path) for c in claims]
+        models = [GeoTransformer(c).to(dev) for c in _padded(cfgs, min_stack)]
+        opts = [make_optimizer(m) for m in models]
+        return _train_stack(runs, cfgs, models, opts, 0, [[] for _ in cfgs], [[] for _ in cfgs], [{} for _ in cfgs],
+                            progress, on_eval, resumed=False, claims=claims)
 
 
-def _train_members(cfgs: list[GeoConfig], claims: list[NewRunClaim], dev: torch.device,
-                   progress: bool) -> list[TrainResult]:
-    """The batched loop of train_batched, writing member i through claims[i]."""
-    runs = [RunDir(c.path) for c in claims]
-    S, cfg = len(cfgs), cfgs[0]
-    models = [GeoTransformer(c).to(dev) for c in cfgs]
-    opts = [make_optimizer(m) for m in models]
-    data = [make_dataset(c) for c in cfgs]
+def resume_batched(outs: list[str | Path], progress: bool = True, min_stack: int = 1,
+                   on_eval: Callable[[int, list[bool]], None] | None = None) -> list[TrainResult]:
+    """Continue the member runs in `outs`, stacked, from their resume states (all at the same epoch).
+
+    A member continues bit for bit as in the uninterrupted stack it was trained in, provided it is
+    again stacked with at least one other model (min_stack=2 if it was) on as many threads.
+    min_stack and on_eval as for train_batched.
+    """
+    runs = [RunDir(o) for o in outs]
+    if not runs:
+        raise GeoError("a batched resume needs at least one member run directory")
+    headers = [r.read_header() for r in runs]
+    cfgs = [GeoConfig.from_dict(h["config"]) for h in headers]
+    check_members(cfgs)
+    dev = training_device(cfgs[0])
+    engine = preflight(cfgs[0], dev, members=len(cfgs))
+    with ExitStack() as stack, out_of_memory_as_error(cfgs[0], engine):
+        for r in runs:
+            stack.enter_context(RunLock(r.path, "resume"))
+            if not r.resume_file.exists():
+                raise GeoError(f"{r.resume_file} is missing: the run has no checkpoint to resume from; retrain it")
+        states = [load_tensors(r.resume_file) for r in runs]
+        steps = sorted({int(st["epoch"].item()) for st in states})
+        if len(steps) != 1:
+            raise GeoError(f"members to resume together must be at one epoch (resume states at {steps}); resume them "
+                           "in separate batches")
+        step = steps[0]
+        if step >= cfgs[0].epochs:
+            raise GeoError(f"{runs[0].path} is already at epoch {step}; raise epochs above {step} to extend it")
+        rows, manifests = [], []
+        for run in runs:
+            member_rows, manifest, notes = resume_point(run, step)
+            for note in notes:
+                warn(f"{run.path}: {note}")
+            if notes:
+                atomic_write_json(run.manifest_json, manifest)
+            rows.append(member_rows)
+            manifests.append(manifest)
+        models, opts = zip(*(from_resume_state(c, st, dev) for c, st in zip(_padded(cfgs, min_stack),
+                                                                          _padded(states, min_stack))))
+        return _train_stack(runs, cfgs, list(models), list(opts), step, rows, manifests,
+                            [h.get("timing", {}) for h in headers], progress, on_eval, resumed=True)
+
+
+def _padded(items: list, n: int) -> list:
+    """items, then copies of items[0] up to n entries."""
+    return items + [items[0]] * (n - len(items))
+
+
+def _train_stack(runs: list[RunDir], cfgs: list[GeoConfig], models: list[GeoTransformer], opts: list, start: int,
+                 rows: list[list[dict]], manifests: list[list[dict]], prev_timing: list[dict], progress: bool,
+                 on_eval: Callable[[int, list[bool]], None] | None, resumed: bool,
+                 claims: list[NewRunClaim] | None = None) -> list[TrainResult]:
+    """The batched loop from epoch `start`: models[i] (with opts[i]) is member i for i < len(runs), any
+    further model an unrecorded passenger training on member 0's data; rows/manifests: each member's
+    so far; prev_timing: each member's run.json timing so far ({} for a new run); resumed: `start` was
+    evaluated (and checkpointed) before; claims: a new run's claims (NewRunClaim.started after each member's
+    first checkpoint)."""
+    dev = next(models[0].parameters()).device
+    S, R, cfg = len(models), len(runs), cfgs[0]
+    data = [make_dataset(c) for c in _padded(cfgs, S)]
     train_x, test_x = [d.train[0].to(dev) for d in data], [d.test[0].to(dev) for d in data]
     train_y = torch.stack([d.train[1] for d in data]).to(dev)
     test_y = torch.stack([d.test[1] for d in data]).to(dev)
@@ -143,14 +216,13 @@ def _train_members(cfgs: list[GeoConfig], claims: list[NewRunClaim], dev: torch.
     why = f"{S} members stacked; {forward.why}"
     headers = [run_header(c, f"{ENGINE}-{forward.engine}", why, train_y.shape[1], test_y.shape[1]) for c in cfgs]
     timing = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0, "write_s": 0.0, "epochs_timed": 0, "members": S}
-    for r, h in zip(runs, headers):
-        r.write_header({**h, "timing": timing})
-    rows: list[list[dict]] = [[] for _ in cfgs]
-    manifests: list[list[dict]] = [[] for _ in cfgs]
-    results: list[TrainResult | None] = [None] * S
+    for r, h, prev in zip(runs, headers, prev_timing):
+        r.write_header({**h, "timing": _member_timing(timing, prev)})
+    elapsed0 = [rs[-1]["elapsed_s"] if rs else 0.0 for rs in rows]
+    results: list[TrainResult | None] = [None] * R
     t_start = time.perf_counter()
-    epoch = 0
-    bar = EpochProgress(cfg.epochs, 0, progress, f"{S} x {cfg.preset or cfg.norm} {cfg.task} p={cfg.p}")
+    epoch = start
+    bar = EpochProgress(cfg.epochs, start, progress, f"{R} x {cfg.preset or cfg.norm} {cfg.task} p={cfg.p}")
     with BackgroundWriter() as writer, bar:
         while True:
             t0 = time.perf_counter()
@@ -159,32 +231,37 @@ def _train_members(cfgs: list[GeoConfig], claims: list[NewRunClaim], dev: torch.
             for opt in opts:
                 opt.zero_grad(set_to_none=True)
             losses.sum().backward()
-            evaluate = epoch % cfg.eval_every == 0 or epoch == cfg.epochs
+            evaluate = (epoch % cfg.eval_every == 0 or epoch == cfg.epochs) and not (resumed and epoch == start)
             if evaluate:
                 synchronize(dev)  # the queued training work counts as training time
             t1 = time.perf_counter()
             timing["train_s"] += t1 - t0
             if evaluate:
-                new_rows = _evaluate(forward, models, epoch, losses, logits, train_y, test_x, test_y, t1 - t_start)
+                new_rows = _evaluate(forward, models, epoch, losses, logits, train_y, test_x, test_y, t1 - t_start)[:R]
                 t2 = time.perf_counter()
                 timing["eval_s"] += t2 - t1
-                for i in (i for i in range(S) if results[i] is None):
-                    rows[i].append(new_rows[i])
+                for i in (i for i in range(R) if results[i] is None):
+                    rows[i].append({**new_rows[i], "elapsed_s": new_rows[i]["elapsed_s"] + elapsed0[i]})
                     events = onset_events(rows[i])
                     done, stop_reason = epoch >= cfg.epochs, "completed"
                     if early_stop_due(cfgs[i], epoch, events):
                         done, stop_reason = True, "early_stop"
                     last = manifests[i][-1] if manifests[i] else None
-                    if done or schedule.wants(epoch, last, new_rows[i]):
+                    member_timing = _member_timing(timing, prev_timing[i])
+                    if done or schedule.wants(epoch, last, rows[i][-1]):
                         write_checkpoint(writer, runs[i], models[i].state_dict(), optimizer_tensors(models[i], opts[i]),
-                                         epoch, rows[i], manifests[i], events, headers[i], timing, cfg.eval_every)
-                        if last is None:
+                                         epoch, rows[i], manifests[i], events, headers[i], member_timing,
+                                         cfg.eval_every)
+                        if claims is not None and last is None:
                             writer.submit(mark_started, claims[i], runs[i])
                     if done:
-                        ev = finish_run(writer, runs[i], headers[i], rows[i], 0, stop_reason, cfg.eval_every, timing)
+                        ev = finish_run(writer, runs[i], headers[i], rows[i], start, stop_reason, cfg.eval_every,
+                                        member_timing)
                         results[i] = TrainResult(runs[i].path, rows[i], ev, f"{ENGINE}-{forward.engine}")
                 timing["ckpt_s"] += time.perf_counter() - t2
-                bar.update(epoch, sweep_stats([r["test_acc"] for r in new_rows], sum(r is None for r in results), S))
+                bar.update(epoch, sweep_stats([r["test_acc"] for r in new_rows], sum(r is None for r in results), R))
+                if on_eval is not None:
+                    on_eval(epoch, [r is not None for r in results])
                 if all(r is not None for r in results):
                     break
             t3 = time.perf_counter()
@@ -194,6 +271,11 @@ def _train_members(cfgs: list[GeoConfig], claims: list[NewRunClaim], dev: torch.
             timing["epochs_timed"] += 1
             epoch += 1
     return results  # type: ignore[return-value]
+
+
+def _member_timing(timing: dict, prev: dict) -> dict:
+    """A member's run.json timing: its timing before this stack (prev; {} for a new run) plus this stack's."""
+    return {k: prev.get(k, 0) + v if k != "members" else v for k, v in timing.items()}
 
 
 @torch.no_grad()

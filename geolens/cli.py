@@ -80,54 +80,56 @@ def train(
 
 @app.command()
 def sweep(
-    out: Path = typer.Option(..., help="Parent folder; member i is written to OUT/seed_<seed> (refused if it exists, unless --force)."),
-    seeds: str = typer.Option(..., help="Initialisation seeds: a range '1-10', a list '1,4,7', or both '1-3,8'."),
-    preset: Preset = "fb",
-    task: Task = None,
-    p: Modulus = None,
+    out: Path = typer.Option(..., help="Sweep folder: members go to OUT/seed_<seed> (one configuration) or "
+                             "OUT/<preset>/lr<lr>/[wd<wd>/]seed_<seed> (a grid); see docs/cli.md."),
+    grid: Optional[Path] = typer.Option(None, help="TOML grid file (same keys as these flags; flags given here win)."),
+    seeds: Optional[str] = typer.Option(None, help="Initialisation seeds: a range '1-10', a list '1,4,7', or both '1-3,8'."),
+    preset: Optional[str] = typer.Option(None, help="Presets, comma-separated: fb,sphere,ln (default fb)."),
+    task: Optional[str] = typer.Option(None, help="Tasks, comma-separated (adds a <task> folder level)."),
+    p: Optional[str] = typer.Option(None, "--p", help="Moduli, comma-separated (adds a p<p> folder level)."),
+    lr: Optional[str] = typer.Option(None, help="Learning rates, comma-separated: 6e-4,1e-3."),
+    wd: Optional[str] = typer.Option(None, help="Weight decays, comma-separated (adds a wd<wd> folder level)."),
+    epochs: Optional[str] = typer.Option(None, help="Epochs: 5000, or per preset with a default: ln=15000,rms=15000,5000."),
     data_seed: Optional[int] = typer.Option(None, help="One split seed for every member (default: each member's seed)."),
-    lr: Lr = None,
-    wd: Wd = None,
-    epochs: Epochs = None,
     frac: Frac = None,
     eval_every: EvalEvery = None,
-    checkpoints: Checkpoints = None,
-    early_stop: Optional[int] = typer.Option(None, help="Stop recording a member N epochs after its test accuracy stays >= 0.99."),
+    checkpoints: Optional[str] = typer.Option(None, help="every:N | log:K | adaptive[:MAXGAP] | ends."),
+    early_stop: Optional[int] = typer.Option(None, help="Stop a member N epochs after its test accuracy stays >= 0.99."),
     set_: Sets = [],
-    force: bool = typer.Option(False, help="Replace existing member runs."),
-    quiet: Quiet = False,
+    layout: Optional[str] = typer.Option(None, help="auto (default): flat for one configuration, else nested; or nested, flat."),
+    backend: str = typer.Option("local", help="local (worker processes) or ray."),
+    workers: Optional[int] = typer.Option(None, help="Jobs at once (local default 1; ray default: the cluster's CPUs / --threads)."),
+    threads: Optional[int] = typer.Option(None, help="Torch threads per job (local default: the worker's share of the cores; ray: 1)."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster to join: auto or HOST:PORT (default: start a local instance)."),
+    force: bool = typer.Option(False, help="Retrain every member from scratch, replacing existing member runs."),
+    quiet: bool = typer.Option(False, help="No progress display; only the final table."),
 ) -> None:
-    """Train many seeds as one stacked model in one process; each member is an ordinary run directory."""
-    overrides = _overrides(set_, task=task, p=p, lr=lr, weight_decay=wd, epochs=epochs, frac_train=frac,
-                           eval_every=eval_every, checkpoints=checkpoints, early_stop_after=early_stop)
-    seed_list = _seed_list(seeds)
-    cfgs = [make_config(preset, **{**overrides, "seed": s, "data_seed": s if data_seed is None else data_seed})
-            for s in seed_list]
-    from geolens.batched import train_batched
+    """Train a grid (presets x seeds x lrs x wds x tasks x p); members of one shape are stacked in one
+    process, each written as an ordinary run directory. Rerunning skips finished members and resumes killed ones."""
+    from geolens.grid import make_grid
+    from geolens.sweep import member_summary, run_sweep
 
-    results = train_batched(cfgs, [out / f"seed_{s}" for s in seed_list], force=force, progress=not quiet)
-    table = Table(title=f"{out}: {len(results)} members")
-    for col in ("run", "seed", "data_seed", "final epoch", "test acc", "onset_095", "sustained_099", "stop"):
-        table.add_column(col)
-    for cfg, res in zip(cfgs, results):
-        ev = res.events
-        table.add_row(res.path.name, str(cfg.seed), str(cfg.data_seed), str(ev["final_epoch"]),
-                      f"{res.rows[-1]['test_acc']:.4f}", str(ev["onset_095"]), str(ev["sustained_099"]), ev["stop_reason"])
-    console.print(table)
-
-
-def _seed_list(text: str) -> list[int]:
-    """'1-3,8' -> [1, 2, 3, 8]; duplicates refused."""
-    seeds: list[int] = []
-    try:
-        for part in (t.strip() for t in text.split(",") if t.strip()):
-            lo, _, hi = part.partition("-") if not part.startswith("-") else (part, "", "")
-            seeds.extend(range(int(lo), int(hi) + 1) if hi else [int(lo)])
-    except ValueError:
-        raise GeoError(f"--seeds '{text}' must be integers and ranges, e.g. --seeds 1-10 or --seeds 1,4,7") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise GeoError(f"--seeds '{text}' must name at least one seed and no seed twice")
-    return seeds
+    flags = dict(presets=preset, seeds=seeds, lr=lr, wd=wd, task=task, p=p, epochs=epochs, data_seed=data_seed,
+                 frac=frac, eval_every=eval_every, checkpoints=checkpoints, early_stop=early_stop, layout=layout)
+    spec = make_grid(grid, flags, set_)
+    result = run_sweep(spec, out, backend=backend, workers=workers, threads=threads, address=address, force=force,
+                       progress=not quiet, command=["geolens", *sys.argv[1:]])
+    table = Table(title=f"{out}: {len(result.members)} members")
+    columns = {"name": "member", "seed": "seed", "final_epoch": "final epoch", "test_acc": "test acc",
+               "onset_095": "onset_095", "sustained_099": "sustained_099", "stop_reason": "stop", "status": "status"}
+    for key, title in columns.items():
+        table.add_column(title, no_wrap=key == "name")
+    for m in result.members:
+        row = member_summary(m, result.status[m.name])
+        table.add_row(*(f"{row[c]:.4f}" if c == "test_acc" and row.get(c) is not None else str(row.get(c, "-"))
+                        for c in columns))
+    (console if console.is_terminal else Console(width=200)).print(table)  # in a log or a pipe: never truncated
+    if result.failed:
+        for name in result.failed:
+            err.print(f"{name}: {result.errors.get(name, '')}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/red] {len(result.failed)} of {len(result.members)} members failed (errors above and in "
+                  f"{out / 'sweep.json'}); rerun the same command to retry them", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
 
 
 DEMO = dict(preset="fb", task="add", p=113, lr=6e-4, seed=1, data_seed=1, epochs=3000, early_stop_after=300)

@@ -2,8 +2,9 @@
 
 Spellings: 'every:N' (every N epochs), 'log:K' (K per decade, log-spaced), 'adaptive' or
 'adaptive:MAXGAP' (at every evaluation where test accuracy moved by >= 0.02 or test loss by
->= 10% since the last checkpoint, and at least every MAXGAP epochs, default 500). Epoch 0 and
-the last epoch are always saved.
+>= 10% since the last checkpoint, and at least every MAXGAP epochs, default 500), 'ends' (no
+checkpoint in between: for tables that need only the onsets). Epoch 0 and the last epoch are
+always saved.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class Schedule:
         """Whether to checkpoint at `epoch`, given the last manifest entry (step + metrics) and metrics now."""
         if last is None or epoch == 0:
             return True
+        if self.kind == "ends":
+            return False
         if self.kind == "every":
             return epoch % self.n == 0
         if self.kind == "log":
@@ -41,11 +44,13 @@ class Schedule:
 
 
 def parse_schedule(text: str) -> Schedule:
-    """Parse 'every:N', 'log:K' or 'adaptive[:MAXGAP]'."""
+    """Parse 'every:N', 'log:K', 'adaptive[:MAXGAP]' or 'ends'."""
+    if text == "ends":
+        return Schedule("ends", 0)
     kind, _, arg = text.partition(":")
     defaults = {"every": None, "log": None, "adaptive": 500}
     if kind not in defaults:
-        raise GeoError(f"unknown checkpoint schedule '{text}'; use every:N, log:K or adaptive[:MAXGAP]")
+        raise GeoError(f"unknown checkpoint schedule '{text}'; use every:N, log:K, adaptive[:MAXGAP] or ends")
     try:
         n = int(arg) if arg else defaults[kind]
     except ValueError:

@@ -127,6 +127,16 @@ def load_optimizer_tensors(model: GeoTransformer, opt: torch.optim.Optimizer, te
             opt.state[param] = state
 
 
+def from_resume_state(cfg: GeoConfig, state: dict[str, Tensor], dev: torch.device) -> tuple[GeoTransformer, torch.optim.AdamW]:
+    """The model (on `dev`) and its AdamW with the weights and optimizer state of a resume state."""
+    model = GeoTransformer(cfg)
+    model.load_state_dict({k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
+    model.to(dev)
+    opt = make_optimizer(model)
+    load_optimizer_tensors(model, opt, state)
+    return model, opt
+
+
 def make_optimizer(model: GeoTransformer, capturable: bool = False) -> torch.optim.AdamW:
     """AdamW with the config's hyperparameters, fused (one kernel for all parameters; deterministic,
     so a resumed run still equals an uninterrupted one bit for bit); capturable: its step can be
@@ -201,11 +211,7 @@ def resume(out: str | Path, progress: bool = True, **changes) -> TrainResult:
             warn(note)
         if notes:
             atomic_write_json(run.manifest_json, manifest)
-        model = GeoTransformer(cfg)
-        model.load_state_dict({k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
-        model.to(dev)
-        opt = make_optimizer(model)
-        load_optimizer_tensors(model, opt, state)
+        model, opt = from_resume_state(cfg, state, dev)
         return _loop(run, model, opt, start=step, rows=rows, manifest=manifest, progress=progress, resumed=True)
 
 

@@ -1,6 +1,7 @@
 """Shared fixtures: the command line in-process and as a child process, a tiny real sweep (tables and
 figures) and constructed run directories."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,11 +9,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from geolens.analysis.threads import torch_threads
 from geolens.cli import main
 from geolens.config import make_config
-from geolens.storage import RunDir, atomic_write_json, write_metrics
+from geolens.storage import RunDir, atomic_write_json, load_tensors, write_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 # a tiny model: trains in seconds (p = 23, half of the pairs for training)
@@ -101,3 +103,34 @@ def write_run():
 @pytest.fixture
 def step_curve():
     return _step_curve
+
+
+def assert_identical_runs(a: Path, b: Path) -> None:
+    """Two run directories hold the same run: the same files, every tensor bit for bit, metrics.csv but
+    its elapsed_s column, events, manifest, config and status (timing and engine_reason, which names
+    the stack size, may differ). Hidden files are left out: a write interrupted by SIGKILL leaves its
+    temporary file (.NAME.XXXXXXXX) behind."""
+    names = _files(a)
+    assert names == _files(b), (a, b)
+    for name in names:
+        if name.endswith(".safetensors"):
+            ta, tb = load_tensors(a / name), load_tensors(b / name)
+            assert ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta), a / name
+        elif name == "metrics.csv":
+            rows = [[line.rsplit(",", 1)[0] for line in (p / name).read_text().splitlines()] for p in (a, b)]
+            assert rows[0] == rows[1], a / name
+        elif name == "run.json":
+            ja, jb = ({k: v for k, v in json.loads((p / name).read_text()).items() if k not in ("timing", "engine_reason")}
+                      for p in (a, b))
+            assert ja == jb, a / name
+        else:
+            assert (a / name).read_bytes() == (b / name).read_bytes(), a / name
+
+
+def _files(path: Path) -> list[str]:
+    return sorted(f.relative_to(path).as_posix() for f in path.rglob("*") if f.is_file() and not f.name.startswith("."))
+
+
+@pytest.fixture(name="assert_identical_runs")
+def _assert_identical_runs_fixture():
+    return assert_identical_runs

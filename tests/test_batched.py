@@ -113,7 +113,7 @@ def test_mixed_shapes_are_refused_naming_the_field(tmp_path, field, value):
     assert not (tmp_path / "x").exists()
 
 
-def test_sweep_cli_writes_member_runs_and_refuses_existing(tmp_path, capsys):
+def test_sweep_cli_writes_member_runs_skips_finished_and_refuses_changed(tmp_path, capsys):
     args = ["sweep", "--preset", "ln", "--p", "23", "--seeds", "2-3,7", "--epochs", "10", "--eval-every", "5",
             "--frac", "0.5", "--set", "d_model=32", "--set", "d_mlp=64", "--set", "d_head=8", "--quiet",
             "--out", str(tmp_path / "sw")]
@@ -122,7 +122,62 @@ def test_sweep_cli_writes_member_runs_and_refuses_existing(tmp_path, capsys):
         run = load_run(tmp_path / "sw" / f"seed_{s}")
         assert run.config.seed == s and run.config.data_seed == s and run.metrics[-1]["epoch"] == 10
     assert "seed_7" in capsys.readouterr().out
-    with pytest.raises(GeoError, match="already exist"):
-        app(args, standalone_mode=False)
+    app(args, standalone_mode=False)  # finished members are skipped
+    assert capsys.readouterr().out.count("skipped") == 3
+    with pytest.raises(GeoError, match="epochs = 10 but the sweep asks for 20"):
+        app([a if a != "10" else "20" for a in args], standalone_mode=False)
     with pytest.raises(GeoError, match="--seeds"):
         app(args[:6] + ["1,1"] + args[7:], standalone_mode=False)
+
+def _killed_at(monkeypatch, epoch):
+    """train_batched/resume_batched raise KeyboardInterrupt (as a killed process would stop) at `epoch`."""
+    import geolens.batched as batched
+
+    real = batched._evaluate
+
+    def dying(forward, models, e, *args):
+        if e == epoch:
+            raise KeyboardInterrupt
+        return real(forward, models, e, *args)
+
+    monkeypatch.setattr(batched, "_evaluate", dying)
+    return lambda: monkeypatch.setattr(batched, "_evaluate", real)
+
+
+def test_batched_resume_equals_the_uninterrupted_batch_bit_for_bit(tmp_path, monkeypatch, assert_identical_runs):
+    from geolens.batched import resume_batched
+
+    cfgs = [make_config("ln", seed=s, data_seed=s, **{**TINY, "epochs": 50, "checkpoints": "every:20"}) for s in (1, 2, 3)]
+    train_batched(cfgs, [tmp_path / "full" / f"m{i}" for i in range(3)], progress=False)
+    restore = _killed_at(monkeypatch, 35)  # between the checkpoints at 20 and 40
+    with pytest.raises(KeyboardInterrupt):
+        train_batched(cfgs, [tmp_path / "killed" / f"m{i}" for i in range(3)], progress=False)
+    restore()
+    assert load_run(tmp_path / "killed" / "m1").header["status"] == "running"
+    assert int(load_tensors(tmp_path / "killed" / "m1" / "resume.safetensors")["epoch"]) == 20
+    seen = []
+    resume_batched([tmp_path / "killed" / f"m{i}" for i in range(3)], progress=False,
+                   on_eval=lambda epoch, done: seen.append((epoch, sum(done))))
+    assert seen[0] == (25, 0) and seen[-1] == (50, 3)  # the resumed epoch itself is not evaluated again
+    for i in range(3):
+        assert_identical_runs(tmp_path / "full" / f"m{i}", tmp_path / "killed" / f"m{i}")
+    with pytest.raises(GeoError, match="already at epoch 50"):
+        resume_batched([tmp_path / "killed" / "m0"], progress=False)
+
+
+def test_a_lone_member_resumes_with_a_copy_as_in_its_stack(tmp_path, monkeypatch, assert_identical_runs):
+    # stacked with an unrecorded copy of itself (min_stack=2) a member continues exactly as in its
+    # original stack of three; alone it would take the one-member matmul path
+    from geolens.batched import resume_batched
+
+    cfgs = [make_config("fb", seed=s, data_seed=s, **{**TINY, "epochs": 40, "checkpoints": "every:10"}) for s in (4, 5, 6)]
+    train_batched(cfgs, [tmp_path / "full" / f"m{i}" for i in range(3)], progress=False)
+    restore = _killed_at(monkeypatch, 25)
+    with pytest.raises(KeyboardInterrupt):
+        train_batched(cfgs, [tmp_path / "killed" / f"m{i}" for i in range(3)], progress=False)
+    restore()
+    resume_batched([tmp_path / "killed" / "m1"], progress=False, min_stack=2)
+    assert_identical_runs(tmp_path / "full" / "m1", tmp_path / "killed" / "m1")
+    assert load_run(tmp_path / "killed" / "m1").header["timing"]["members"] == 2
+    with pytest.raises(GeoError, match="one epoch"):  # m1 is at epoch 40 now, m2 still at 20
+        resume_batched([tmp_path / "killed" / "m1", tmp_path / "killed" / "m2"], progress=False)

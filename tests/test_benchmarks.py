@@ -34,3 +34,26 @@ def test_bench_train_prints_one_row_per_preset(capsys):
         torch.set_num_threads(threads)
     rows = [line.split() for line in capsys.readouterr().out.splitlines()]
     assert [r[0] for r in rows if r and r[0] in ("ln", "fb+uniform")] == ["ln", "fb+uniform"]
+
+
+def test_bench_grid_projection_on_constructed_costs():
+    bench = _load("bench_grid")
+    # ln costs twice fb: a grid of fb and ln members does 1.5 fb seed-epochs per seed-epoch, so 1.5 grid
+    # seed-epochs/s are 2.25 fb seed-epochs/s; Table 1 at its budgets is 10 x (2 x 15,000 x 2 + 4 x 5,000)
+    # = 800,000 fb seed-epochs
+    hours = bench.projected_hours(1.5, {"fb": 1.0, "ln": 2.0}, ["fb", "ln"], early_stop=False)
+    assert hours == pytest.approx(800_000 / 2.25 / 3600)
+    # early stop: the slowest onsets + 200 (ln 9,600, rms 9,400, sphere 3,200, fb 1,400, the two +fourier 1,200)
+    early = bench.projected_hours(1.0, {"fb": 1.0, "ln": 1.0}, ["fb"], early_stop=True)
+    assert early == pytest.approx(10 * (9600 + 9400 + 3200 + 1400 + 1200 + 1200) / 3600)
+
+
+def test_bench_grid_runs_a_small_grid(capsys):
+    bench = _load("bench_grid")
+    bench.main(["--p", "23", "--seeds", "1-2", "--epochs", "2,400", "--setups", "local:1x1",
+                "--set", "d_model=32",
+                "--set", "d_head=8", "--set", "d_mlp=64", "--set", "frac_train=0.5"])
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.startswith("local:1x1"))
+    assert float(row[2]) > 0 and row[3] == "1.00x"  # seed-epochs/s, and the reference's own ratio
+    assert "ln = " in out and out.count("Table 1 (lr 6e-4, 60 members") == 2
