@@ -123,12 +123,12 @@ def sweep(
         row = member_summary(m, result.status[m.name])
         table.add_row(*(f"{row[c]:.4f}" if c == "test_acc" and row.get(c) is not None else str(row.get(c, "-"))
                         for c in columns))
-    (console if console.is_terminal else Console(width=200)).print(table)  # in a log or a pipe: never truncated
+    (console if console.is_terminal else Console(width=200, markup=False)).print(table)  # in a log or a pipe: never truncated
     if result.failed:
         for name in result.failed:
             err.print(f"{name}: {result.errors.get(name, '')}", highlight=False, soft_wrap=True)
-        err.print(f"[red]error:[/red] {len(result.failed)} of {len(result.members)} members failed (errors above and in "
-                  f"{out / 'sweep.json'}); rerun the same command to retry them", highlight=False, soft_wrap=True)
+        err.print(Text.assemble(("error:", "red"), f" {len(result.failed)} of {len(result.members)} members failed "
+                                f"(errors above and in {out / 'sweep.json'}); rerun the same command to retry them"))
         raise typer.Exit(1)
 
 

@@ -31,10 +31,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from geolens.errors import GeoError
 from geolens.grid import MIN_STACK, SWEEP_RECORD, Grid, Job, Member, expand, inspect_member, plan_jobs, resolve_layout
+from geolens.runlock import RunLock
 from geolens.storage import RunDir, atomic_write_json, read_json, read_metrics
 
 BACKENDS = ("local", "ray")
@@ -53,21 +55,24 @@ def run_job(job: Job, on_eval: Callable[[int, list[bool]], None] | None = None) 
             finish_member(path)
     elif job.kind == "resume":
         resume_batched(paths, progress=False, min_stack=MIN_STACK, on_eval=on_eval)
-    else:
-        for m in job.members:
-            if m.state == "restart":
-                RunDir(m.path).prepare_new(force=True)  # a geolens run (checked when planning): emptied
-        train_batched([m.cfg for m in job.members], paths, progress=False, min_stack=MIN_STACK, on_eval=on_eval)
+    else:  # a "restart" member holds a run that never reached a checkpoint (checked when planning): replaced
+        train_batched([m.cfg for m in job.members], paths, force=any(m.state == "restart" for m in job.members),
+                      progress=False, min_stack=MIN_STACK, on_eval=on_eval)
 
 
 def finish_member(path: Path) -> None:
     """Write the final records (events.json, run.json finished) of a run whose resume state is already
     at its last epoch: one killed between its last checkpoint and those records."""
+    run = RunDir(path)
+    with RunLock(run.path, "finish"):
+        _finish(run)
+
+
+def _finish(run: RunDir) -> None:
     from geolens.config import GeoConfig
     from geolens.storage import BackgroundWriter, load_tensors, write_metrics
     from geolens.train import early_stop_due, finish_run, onset_events
 
-    run = RunDir(path)
     header = run.read_header()
     cfg = GeoConfig.from_dict(header["config"])
     step = int(load_tensors(run.resume_file)["epoch"].item())
@@ -325,7 +330,7 @@ class SweepMonitor:
         self.tracebacks: dict[str, str] = {}
         self.started = _now()
         self.show = progress
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("epochs"), TimeElapsedColumn(), TimeRemainingColumn(), disable=not progress)
         self.task = self.progress.add_task(self._describe(), total=sum(m.cfg.epochs for m in members),
                                            completed=sum(self.epoch.values()))
@@ -359,8 +364,8 @@ class SweepMonitor:
                     self.status[m.name] = "failed"
                     self.errors[m.name], self.tracebacks[m.name] = msg[2], msg[3]
             if self.show:
-                self.progress.console.print(f"[red]failed[/red] {', '.join(m.name for m in members)}: {msg[2]}",
-                                            highlight=False, soft_wrap=True)
+                self.progress.console.print(Text.assemble(("failed", "red"), f" {', '.join(m.name for m in members)}: "
+                                                          f"{msg[2]}"), highlight=False, soft_wrap=True)
         self.progress.update(self.task, description=self._describe(), completed=sum(self.epoch.values()))
         if kind in ("done", "failed"):
             self.write_record(finished=False)
