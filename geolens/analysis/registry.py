@@ -1,9 +1,10 @@
 """The metric set of the trajectory layer: name -> MetricSpec, and compute_metrics.
 
 Every metric reads one shared AnalysisContext per checkpoint (context.py). The context runs the
-model once over all inputs (a no-grad run_with_cache, or its per-token-table equivalent for
-one-layer models) and computes the shared pieces lazily and at most once: logits, cache, W_L, the
-cyclic frame, key frequencies, key projections, the neuron spectra. Each metric returns a
+model once over all inputs (a no-grad run_with_cache, or the fast path's `=` forward for
+one-layer models) and computes the shared pieces lazily and at most once: logits, activations at
+`=`, W_L, the cyclic frame, key frequencies, key projections, the neuron spectra, the DLA. A caller
+that holds a context passes it (compute_metrics(context=ctx)). Each metric returns a
 flat dict of float scalars. `version` is bumped whenever a metric's definition changes (the
 trajectory layer's cache is keyed on it); `applies(cfg)` returns None or the reason the metric is
 skipped for that config.
@@ -171,7 +172,7 @@ def m_nlm_cosine(ctx: AnalysisContext) -> dict[str, float]:
 
 
 def m_dla(ctx: AnalysisContext) -> dict[str, float]:
-    res = circuit.direct_logit_attribution(ctx.model, ctx.cfg, ctx.eq, ctx.labels)
+    res = ctx.dla
     out = {f"dla_{name}": v for name, v in res.means().items()}
     out["dla_total"] = float(res.total.mean())
     out["dla_recon_err"] = res.recon_error
@@ -275,32 +276,42 @@ METRICS: dict[str, MetricSpec] = {
 
 
 def compute_metrics(
-    model, cfg: GeoConfig, dataset: Dataset, names=None, key_freqs=None, num_threads: int | None = 1
+    model=None, cfg: GeoConfig | None = None, dataset: Dataset | None = None, names=None, key_freqs=None,
+    num_threads: int | None = 1, context: AnalysisContext | None = None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Compute the named metrics (all by default) on one checkpoint.
 
     Returns (rows, skipped): rows[name] is the metric's flat dict of floats; skipped[name] is the
     reason a metric does not apply to this config. key_freqs pins the key frequencies (see
-    AnalysisContext). num_threads: torch threads for the duration of the call, restored after;
-    None keeps the caller's setting. The default is one thread: most analysis ops are small and
-    memory-bound, and on cores shared with other processes every 2-thread OpenMP region stalls
-    when the other core is busy, while one thread degrades gracefully (docs/performance.md).
+    AnalysisContext). context: an AnalysisContext to compute on instead of (model, cfg, dataset,
+    key_freqs), so a caller that reads activations from it too runs the forward only once
+    (compute_metrics(context=ctx, names=...)). num_threads: torch threads for the duration of the
+    call, restored after; None keeps the caller's setting. The default is one thread: most analysis
+    ops are small and memory-bound, and on cores shared with other processes every 2-thread OpenMP
+    region stalls when the other core is busy, while one thread degrades gracefully
+    (docs/performance.md).
     """
     names = list(METRICS) if names is None else list(names)
     unknown = [n for n in names if n not in METRICS]
     if unknown:
         raise GeoError(f"unknown metric(s) {unknown}; known metrics: {', '.join(METRICS)}")
-    ctx = AnalysisContext(model, cfg, dataset, key_freqs=key_freqs)
+    if context is None:
+        if model is None or cfg is None or dataset is None:
+            raise GeoError("compute_metrics needs model, cfg and dataset, or context=AnalysisContext(...)")
+        context = AnalysisContext(model, cfg, dataset, key_freqs=key_freqs)
+    elif any(x is not None for x in (model, cfg, dataset, key_freqs)):
+        raise GeoError("compute_metrics takes model, cfg, dataset (and key_freqs) or a context, not both; the "
+                       "context carries them (AnalysisContext(model, cfg, dataset, key_freqs=...))")
     rows: dict[str, dict[str, float]] = {}
     skipped: dict[str, str] = {}
     with torch_threads(num_threads):
         for name in names:
             spec = METRICS[name]
-            reason = spec.applies(cfg)
+            reason = spec.applies(context.cfg)
             if reason is not None:
                 skipped[name] = reason
                 continue
-            rows[name] = {k: float(v) for k, v in spec.fn(ctx).items()}
+            rows[name] = {k: float(v) for k, v in spec.fn(context).items()}
     return rows, skipped
 
 
