@@ -31,7 +31,7 @@ from geolens.config import GeoConfig
 from geolens.errors import GeoError
 from geolens.fast import stacked_fast_logits
 from geolens.model import GeoTransformer
-from geolens.progress import EpochProgress, sweep_stats
+from geolens.progress_bar import EpochProgress, sweep_stats
 from geolens.runlock import NewRunClaim
 from geolens.schedule import parse_schedule
 from geolens.storage import BackgroundWriter, RunDir

@@ -24,7 +24,7 @@ from typing import Callable
 import torch.nn.functional as F
 from torch import Tensor
 
-from geolens.analysis import circuit, clockpizza, fve, geometry, health, keyfreq, progress
+from geolens.analysis import circuit, clockpizza, fve, geometry, health, keyfreq, progress_measures
 from geolens.analysis.context import AnalysisContext
 from geolens.analysis.threads import torch_threads
 from geolens.config import GeoConfig
@@ -100,12 +100,12 @@ def m_fve_neuron(ctx: AnalysisContext) -> dict[str, float]:
 
 
 def m_restricted_loss(ctx: AnalysisContext) -> dict[str, float]:
-    res = progress.restricted_loss(ctx.logits, ctx.frame, ctx.key_freqs, ctx.split_masks, projs=ctx.key_projections)
+    res = progress_measures.restricted_loss(ctx.logits, ctx.frame, ctx.key_freqs, ctx.split_masks, projs=ctx.key_projections)
     return {"restricted_loss": res["test"], "restricted_loss_train": res["train"]}
 
 
 def m_excluded_loss(ctx: AnalysisContext) -> dict[str, float]:
-    res = progress.excluded_loss(ctx.logits, ctx.frame, ctx.key_freqs, ctx.split_masks, projs=ctx.key_projections)
+    res = progress_measures.excluded_loss(ctx.logits, ctx.frame, ctx.key_freqs, ctx.split_masks, projs=ctx.key_projections)
     out = {"excluded_loss": res["train"]["all"], "excluded_loss_test": res["test"]["all"]}
     for r in range(ctx.n_keys):
         out[f"excluded_loss_{r + 1}"] = res["train"].get(str(r + 1), float("nan"))
@@ -114,14 +114,14 @@ def m_excluded_loss(ctx: AnalysisContext) -> dict[str, float]:
 
 
 def m_weight_norm(ctx: AnalysisContext) -> dict[str, float]:
-    res = progress.weight_norm(ctx.model)
+    res = progress_measures.weight_norm(ctx.model)
     out = {"weight_norm": res.pop("frobenius"), "weight_norm_sq": res.pop("total_sq")}
     out.update({f"weight_norm_sq/{name}": v for name, v in res.items()})
     return out
 
 
 def m_logit_cos_coeff(ctx: AnalysisContext) -> dict[str, float]:
-    coef = progress.logit_cos_coeff(ctx.logits_block, ctx.frame.sign)
+    coef = progress_measures.logit_cos_coeff(ctx.logits_block, ctx.frame.sign)
     return {f"logit_cos_coeff_{k + 1}": float(c) for k, c in enumerate(coef)}
 
 
@@ -129,7 +129,7 @@ def m_truncated_logit_acc(ctx: AnalysisContext) -> dict[str, float]:
     frame = ctx.frame
     rows = frame.grid_rows.flatten()
     masks = {name: ctx.split_masks[name][rows] for name in ("test", "train")}
-    res = progress.truncated_logit_accuracies(ctx.logits_block.reshape(frame.n * frame.n, frame.n),
+    res = progress_measures.truncated_logit_accuracies(ctx.logits_block.reshape(frame.n * frame.n, frame.n),
                                               frame.label_pos.flatten(), masks, ctx.n_keys)
     return {"truncated_logit_acc": res["test"][0], "truncated_logit_acc_train": res["train"][0]}
 
