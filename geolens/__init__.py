@@ -15,7 +15,7 @@ Public API (imported on first use, so `geolens --help` does not pay for importin
                                load_run(path) opens one as an AnalysisRun
     compute_metrics            every analysis metric of one model (geolens.analysis)
 
-Modules: config, model (readout: the bounded readout's normalisation), cache, decompose, tasks,
+Modules: config, model, readout (the bounded readout's normalisation), cache, decompose, tasks,
 train, batched, fast (the exact fast path of one-layer models), plain_model (the plain-PyTorch
 reference), run, trajectory, analysis (metrics; definitions in docs/metrics.md), probe,
 run_analysis, report, plots, cli.
