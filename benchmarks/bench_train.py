@@ -13,17 +13,17 @@ median over rounds is reported. Before timing, each engine evaluates the test sp
 no_grad, as the training loop does at epoch 0. Timings on a shared machine are noisy: compare
 the ratios printed in one run, not numbers across runs.
 
-(a) `Straightforward` below is a plain PyTorch implementation of the paper's model written for
-this benchmark (nn.Embedding, bias-free Q/K/V/O Linear layers, softmax attention over the 3
-positions, MLP, post-norm, readout at position 2). It is loaded with the hooked model's weights
-and checked to give the same logits before anything is timed.
+(a) The straightforward engine is geolens.plain_model.PlainTransformer, the plain PyTorch
+implementation of the paper's model the tests check the hooked model against (nn.Embedding,
+bias-free Q/K/V/O Linear layers, softmax attention over the 3 positions, MLP, post-norm; here
+the readout only at position 2). It is loaded with the hooked model's weights and checked to
+give the same logits before anything is timed.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import platform
 import statistics
@@ -31,98 +31,17 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from geolens.config import make_config
 from geolens.fast import fast_flops, fast_logits
 from geolens.model import GeoTransformer
+from geolens.plain_model import PlainTransformer
 from geolens.tasks import make_dataset
 from geolens.train import make_optimizer, synchronize
 
 
-# ---- (a) the straightforward implementation -------------------------------------------------------
-class SphereNorm(nn.Module):
-    def __init__(self, eps: float):
-        super().__init__()
-        self.eps = eps
-
-    def forward(self, x):
-        return x / x.norm(dim=-1, keepdim=True).clamp_min(self.eps)
-
-
-def make_norm(cfg) -> nn.Module:
-    if cfg.norm == "layernorm":
-        return nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
-    if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.d_model, eps=cfg.rms_eps)
-    if cfg.norm == "sphere":
-        return SphereNorm(cfg.sphere_eps)
-    return nn.Identity()
-
-
-class Straightforward(nn.Module):
-    """The paper's one-layer post-norm transformer, computed at all 3 positions."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        D, H, dh = cfg.d_model, cfg.n_heads, cfg.d_head
-        self.cfg = cfg
-        self.tok = nn.Embedding(cfg.d_vocab, D)
-        self.pos = nn.Embedding(cfg.n_ctx, D)
-        self.q = nn.Linear(D, H * dh, bias=False)
-        self.k = nn.Linear(D, H * dh, bias=False)
-        self.v = nn.Linear(D, H * dh, bias=False)
-        self.o = nn.Linear(H * dh, D, bias=False)
-        self.fc1 = nn.Linear(D, cfg.d_mlp)
-        self.fc2 = nn.Linear(cfg.d_mlp, D)
-        self.norm1, self.norm2, self.norm3 = make_norm(cfg), make_norm(cfg), make_norm(cfg)
-        self.unembed = nn.Linear(D, cfg.d_vocab_out, bias=False)
-
-    def forward(self, tokens):
-        cfg = self.cfg
-        B, n = tokens.shape
-        H, dh = cfg.n_heads, cfg.d_head
-        h = self.norm1(self.tok(tokens) + self.pos(torch.arange(n, device=tokens.device)))
-        q = self.q(h).view(B, n, H, dh).transpose(1, 2)
-        k = self.k(h).view(B, n, H, dh).transpose(1, 2)
-        v = self.v(h).view(B, n, H, dh).transpose(1, 2)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(dh)
-        if cfg.attention == "uniform":
-            scores = torch.zeros_like(scores)
-        if cfg.causal:
-            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=tokens.device).triu(1), float("-inf"))
-        z = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, n, H * dh)
-        h = self.norm2(h + self.o(z))
-        h = self.norm3(h + self.fc2(F.relu(self.fc1(h))))
-        h = h[:, 2]
-        if cfg.unembed == "bounded":
-            return cfg.tau * h @ F.normalize(self.unembed.weight, dim=1, eps=1e-12).T
-        return self.unembed(h)
-
-    @torch.no_grad()
-    def load_from(self, model: GeoTransformer) -> "Straightforward":
-        """Copy the hooked model's weights (for the equivalence check)."""
-        cfg, blk = self.cfg, model.blocks[0]
-        D, HD = cfg.d_model, cfg.n_heads * cfg.d_head
-        self.tok.weight.copy_(model.embed.W_E)
-        self.pos.weight.copy_(model.pos_embed.W_pos)
-        for lin, W in ((self.q, blk.attn.W_Q), (self.k, blk.attn.W_K), (self.v, blk.attn.W_V)):
-            lin.weight.copy_(W.permute(1, 0, 2).reshape(D, HD).T)
-        self.o.weight.copy_(blk.attn.W_O.reshape(HD, D).T)
-        self.fc1.weight.copy_(blk.mlp.W_in.T)
-        self.fc1.bias.copy_(blk.mlp.b_in)
-        self.fc2.weight.copy_(blk.mlp.W_out.T)
-        self.fc2.bias.copy_(blk.mlp.b_out)
-        self.unembed.weight.copy_(model.unembed.W_U.T)
-        for mine, theirs in ((self.norm1, model.embed_norm), (self.norm2, blk.attn_norm), (self.norm3, blk.mlp_norm)):
-            if hasattr(theirs, "w"):
-                mine.weight.copy_(theirs.w)
-            if hasattr(theirs, "b"):
-                mine.bias.copy_(theirs.b)
-        return self
-
-
+# ---- (a) the straightforward implementation: geolens.plain_model.PlainTransformer -----------------
 def straightforward_flops(cfg, n: int) -> int:
     """Matmul FLOPs of one step of (a): fwd + 2x bwd, all 3 positions."""
     D, Dm, H, dh, C = cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_head, cfg.d_vocab_out
@@ -194,13 +113,14 @@ def bench_preset(preset: str, p: int, reps: int, device: torch.device, graphs: b
     torch.manual_seed(0)
     hooked = GeoTransformer(cfg).to(device)
     fast_model = GeoTransformer(cfg).to(device)
-    plain = Straightforward(cfg).to(device).load_from(hooked)
+    plain = PlainTransformer(cfg).to(device).load_from(hooked)
+    plain_logits = functools.partial(plain, last_only=True)
     with torch.no_grad():  # same function, and the epoch-0 evaluation the training loop does
         ref = hooked(test_x)[:, -1]
-        err_plain = rel(plain(test_x), ref)
+        err_plain = rel(plain_logits(test_x), ref)
         err_fast = rel(fast_logits(fast_model, test_x), ref)
     engines = {
-        "straightforward": make_step(plain, torch.optim.AdamW(plain.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+        "straightforward": make_step(plain_logits, torch.optim.AdamW(plain.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                                               weight_decay=cfg.weight_decay), x, y),
         "hooked": make_step(lambda t: hooked(t)[:, -1], make_optimizer(hooked), x, y),
         "fast": make_step(lambda t: fast_logits(fast_model, t), make_optimizer(fast_model), x, y),

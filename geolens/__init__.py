@@ -10,11 +10,15 @@ Public API (imported on first use, so `geolens --help` does not pay for importin
                                residual decompositions exact for the post-norm topology
     residual_parts             those decompositions as a function (geolens.decompose)
     Dataset, make_dataset      a task's inputs, labels and seeded train/test split
-    Run, load_run              a trained run directory: metrics, checkpoints, model_at, analyze, probe
+    Run, AnalysisRun, load_run a trained run directory: Run reads it (metrics, checkpoints,
+                               model_at, dataset), AnalysisRun adds analyze and probe;
+                               load_run(path) opens one as an AnalysisRun
     compute_metrics            every analysis metric of one model (geolens.analysis)
 
-Modules: config, model, cache, decompose, tasks, train, batched, fast, run, trajectory,
-analysis (metrics; definitions in docs/metrics.md), probe, report, plots, cli.
+Modules: config, model, readout (the bounded readout's normalisation), cache, decompose, tasks,
+train, batched, fast (the exact fast path of one-layer models), plain_model (the plain-PyTorch
+reference), run, trajectory, analysis (metrics; definitions in docs/metrics.md), probe,
+run_analysis, report, plots, cli.
 """
 
 from importlib import import_module
@@ -29,7 +33,8 @@ _EXPORTS = {
     "Dataset": "geolens.tasks",
     "make_dataset": "geolens.tasks",
     "Run": "geolens.run",
-    "load_run": "geolens.run",
+    "AnalysisRun": "geolens.run_analysis",
+    "load_run": "geolens.run_analysis",
     "compute_metrics": "geolens.analysis",
 }
 __all__ = list(_EXPORTS)

@@ -40,7 +40,7 @@ from geolens.errors import GeoError, warn
 from geolens.fast import stacked_fast_logits
 from geolens.integrity import resume_point
 from geolens.model import GeoTransformer
-from geolens.progress import EpochProgress, sweep_stats
+from geolens.progress_bar import EpochProgress, sweep_stats
 from geolens.runlock import NewRunClaim, RunLock
 from geolens.schedule import parse_schedule
 from geolens.storage import BackgroundWriter, RunDir, atomic_write_json, load_tensors

@@ -232,11 +232,11 @@ def probe(
     step: int = typer.Option(..., help="Training epoch (the nearest checkpoint is used)."),
 ) -> None:
     """Print the circuit at one step: key frequencies, FVE, Clock/Pizza verdict, top heads and neurons."""
-    from geolens.probe import describe
+    from geolens.probe import describe, probe_run
     from geolens.run import load_run
 
     table = Table(show_header=False, title=f"{run} @ {step}")
-    for label, text in describe(load_run(run).probe(step)):
+    for label, text in describe(probe_run(load_run(run), step)):
         table.add_row(label, text)
     console.print(table)
 

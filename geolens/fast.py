@@ -52,9 +52,15 @@ per-example matmuls shaped [B, K] x [K, N] (forward, dL/dh3, dL/dpre) go through
 oneDNN's linear for one float32 CPU member where torch has oneDNN, else bmm.
 
 Analysis: `fast_eq_forward` runs the same forward without gradients over every input and returns
-the per-input values at `=` the analysis reads (geolens.analysis.eqforward); passing it to
-`fast_logits(..., reuse=(eq, rows))` gathers a subset's forward from it, so a gradient on the
-training rows costs only the tables and the backward.
+every value of the `=` position the analysis reads (embedding, attention pattern, z, the residual
+stream, the MLP, the norms' scales, the logits; geolens.analysis.eqforward only names them by
+hook); passing it to `fast_logits(..., reuse=(eq, rows))` gathers a subset's forward from it, so
+a gradient on the training rows costs only the tables and the backward.
+
+Scope: exactly the configurations declared below (FAST_NORMS, FAST_READOUTS, FAST_ATTENTIONS, one
+layer, [a, b, =] inputs; every other GeoConfig field classified as a plain value or as no part of
+the forward); fast_unsupported_reason refuses anything else, and the engines then use the hooked
+model.
 
 Exactness: same float32 math in a different order, so logits agree to ~1e-7 relative and the
 pre-activations are as close to a float64 reference as the hooked model's are. Gradients agree
@@ -77,20 +83,43 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from geolens.config import ATTENTIONS, NORMS, UNEMBEDS, GeoConfig
+from geolens.config import GeoConfig
 from geolens.errors import GeoError
+from geolens.readout import bounded_readout
 
-__all__ = ["fast_unsupported_reason", "fast_logits", "stacked_fast_logits", "fast_eq_forward", "FastEq", "fast_flops"]
+__all__ = ["fast_unsupported_reason", "fast_logits", "stacked_fast_logits", "fast_eq_forward", "FastEq", "fast_flops",
+           "FAST_NORMS", "FAST_READOUTS", "FAST_ATTENTIONS"]
+
+# ---- what the fast path computes: every GeoConfig field is classified here -----------------------
+# (tests/test_fast.py checks that these cover GeoConfig's fields, so a new field, or a new value of
+# norm / unembed / attention, is refused until it is implemented and tested here)
+FAST_NORMS = frozenset({"none", "layernorm", "rmsnorm", "sphere"})
+FAST_READOUTS = frozenset({"raw", "bounded"})  # cfg.unembed
+FAST_ATTENTIONS = frozenset({"learned", "uniform"})
+FAST_N_LAYERS = 1
+FAST_N_CTX = 3  # [a, b, =]: the `=` query at the last position
+# read as values, any valid value computes exactly (causal: the mask never hides a key from the
+# last position, the only one that reaches the logits)
+FAST_VALUE_FIELDS = frozenset({"d_model", "n_heads", "d_head", "d_mlp", "tau", "ln_eps", "rms_eps", "sphere_eps",
+                               "causal"})
+# no part of the forward (the task and the split give the tokens; init and training settings the weights)
+FAST_IGNORED_FIELDS = frozenset({"task", "p", "n_perm", "frac_train", "data_seed", "fourier_init", "init", "seed",
+                                 "lr", "beta1", "beta2", "weight_decay", "epochs", "eval_every", "checkpoints",
+                                 "early_stop_after", "engine", "device", "preset"})
+_CHOICES = (("norm", FAST_NORMS), ("unembed", FAST_READOUTS), ("attention", FAST_ATTENTIONS))
 
 
 def fast_unsupported_reason(cfg: GeoConfig) -> str | None:
-    """None when `fast_logits` computes this model exactly, else a one-line reason."""
-    if cfg.n_layers != 1:
-        return f"n_layers = {cfg.n_layers}; the fast path needs n_layers == 1"
-    if cfg.n_ctx != 3:
-        return f"n_ctx = {cfg.n_ctx}; the fast path needs [a, b, =] inputs (n_ctx == 3)"
-    if cfg.norm not in NORMS or cfg.unembed not in UNEMBEDS or cfg.attention not in ATTENTIONS:
-        return f"unknown topology (norm={cfg.norm}, unembed={cfg.unembed}, attention={cfg.attention})"
+    """None when `fast_logits` computes this model exactly, else a one-line reason. Only what is
+    declared above is supported; anything else (a new norm, readout or attention mode) is refused."""
+    if cfg.n_layers != FAST_N_LAYERS:
+        return f"n_layers = {cfg.n_layers}; the fast path needs n_layers == {FAST_N_LAYERS}"
+    if cfg.n_ctx != FAST_N_CTX:
+        return f"n_ctx = {cfg.n_ctx}; the fast path needs [a, b, =] inputs (n_ctx == {FAST_N_CTX})"
+    for field, supported in _CHOICES:
+        value = getattr(cfg, field)
+        if value not in supported:
+            return f"{field} = '{value}'; the fast path supports {field} {', '.join(sorted(supported))}"
     return None
 
 
@@ -565,7 +594,7 @@ def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int) -> _Tables:
             torch.bmm(const.detach(), Wt, out=tab2[:, -1:])
         Tab2[M * n_tab :] = b_in if b2 is None else torch.baddbmm(b_in[:, None], b2[:, None], W_in)[:, 0]
     W_U = P["unembed.W_U"]
-    Wr = cfg.tau * W_U / W_U.norm(dim=1, keepdim=True).clamp_min(1e-12) if cfg.unembed == "bounded" else W_U
+    Wr = bounded_readout(W_U, cfg.tau) if cfg.unembed == "bounded" else W_U
     return _Tables(Sc, Tab, Tab2, Wr, Wt, Vh, WOt)
 
 
@@ -633,30 +662,63 @@ def _param_versions(model) -> tuple[int, ...]:
 
 
 def fast_eq_forward(model, tokens: Int[Tensor, "N 3"]) -> FastEq:
-    """No-grad values at `=` of a one-layer GeoTransformer on tokens [N, 3] (N >= 1), for analysis.
+    """No-grad values at `=` of a one-layer GeoTransformer on tokens [N, 3] (N >= 1), for analysis:
+    the whole forward of the `=` position, each value equal to the hooked forward's (the hook in
+    brackets, at `=`) up to float32 summation order (and ReLU units within rounding of 0).
 
-    values: 'x' [N, D] the residual after attention (resid_pre + attn_out, before attn_norm),
-    'resid_mid' [N, D], 'mlp_post' [N, d_mlp], 'mlp_out' [N, D], 'resid_post' [N, D], 'logits'
-    [N, C]; learned attention: 'p' [N, 3, H] the `=` query's attention onto (a, b, =); norms
-    other than 'none': 'attn_scale', 'mlp_scale' [N, 1], the norms' hook_scale values
-    (sqrt(var + eps), sqrt(mean(x^2) + eps) or max(||x||, eps)). Equal to the hooked forward's
-    values up to float32 summation order (and ReLU units within rounding of 0).
+    values: 'embed' [N, D] W_E of the `=` token (hook_embed), 'pos_embed' [N, D] (hook_pos_embed),
+    'resid_pre' [N, D]; 'pattern' [N, H, 3] the `=` query's attention onto (a, b, =)
+    (attn.hook_pattern), 'z' [N, H, d_head] (attn.hook_z), 'attn_out' [N, D]; 'resid_mid' [N, D],
+    'mlp_post' [N, d_mlp], 'mlp_out' [N, D], 'resid_post' [N, D], 'logits' [N, C]; norms other
+    than 'none': 'attn_scale', 'mlp_scale' [N, 1] (the norms' hook_scale: sqrt(var + eps),
+    sqrt(mean(x^2) + eps) or max(||x||, eps)); and 'embedded' [V * 3, D], embed_norm's output for
+    every token at every position (row 3 * token + position: all that embed_norm ever computes).
+
+    The attention, the residual after it (x = resid_pre + attn_out) and everything after come
+    from the training path's tables and embedding bags (no per-input W_O or W_in matmul). The
+    embedding rows are the model's own embed_norm output (_attention_at_eq); z = sum_j pattern_j
+    v[token_j, j] comes from a per-(token, position) v table.
     """
-    _check(model.cfg, [tokens])
+    cfg = model.cfg
+    _check(cfg, [tokens])
     params = {name: p.detach().unsqueeze(0) for name, p in model.named_parameters()}
     with torch.no_grad():
-        plan, spec, t = _prepare(model.cfg, params, [tokens])
+        plan, spec, t = _prepare(cfg, params, [tokens])
         f = _forward_body(plan, spec, t.Sc, t.Tab, t.Tab2, params.get("blocks.0.attn_norm.w"),
                           params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
                           params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"),
                           params.get("blocks.0.mlp_norm.b"), t.Wr, keep_mlp_out=True)
-    out = {"x": f.x[0], "resid_mid": f.h[0], "mlp_post": f.post[0], "mlp_out": f.mlp_out[0], "resid_post": f.h3[0],
-           "logits": f.logits[0]}
-    if f.p is not None:
-        out["p"] = f.p
+        embedded, resid_pre, pattern, z = _attention_at_eq(model, tokens, f.p)
+    last, P = tokens[:, -1], cfg.n_ctx
+    out = {"embed": model.embed.W_E.detach().index_select(0, last),
+           "pos_embed": model.pos_embed.W_pos.detach()[P - 1].expand(len(tokens), -1),
+           "resid_pre": resid_pre, "pattern": pattern, "z": z, "attn_out": f.x[0] - resid_pre, "resid_mid": f.h[0],
+           "mlp_post": f.post[0], "mlp_out": f.mlp_out[0], "resid_post": f.h3[0], "logits": f.logits[0],
+           "embedded": embedded}
     if f.a2 is not None:
         out["attn_scale"], out["mlp_scale"] = f.a2[0].reciprocal(), f.a3[0].reciprocal()
     return FastEq(out, tokens, f, _param_versions(model))
+
+
+def _attention_at_eq(model, tokens: Int[Tensor, "N P"], p: Float[Tensor, "N P H"] | None):
+    """(embedded [V * P, D], resid_pre [N, D], pattern [N, H, P], z [N, H, d_head]) of the `=`
+    query over tokens [N, P], from p (the fast forward's softmax; None: uniform attention).
+
+    embedded[P * v + j] is embed_norm(W_E[v] + W_pos[j]) computed by the model's own modules, so
+    resid_pre is bit for bit the hooked model's; v = embedded @ W_V per head is one table row per
+    (token, position) and z = sum_j pattern[:, :, j] v[token_j, j].
+    """
+    V, P, H = model.cfg.d_vocab, model.cfg.n_ctx, model.cfg.n_heads
+    R = model.residual_after_embed(torch.arange(V, device=tokens.device)[:, None].expand(V, P))  # [V, P, D]
+    v_flat = torch.einsum("vpd,hde->vphe", R, model.blocks[0].attn.W_V).flatten(0, 1)  # [V * P, H, d_head]
+    if p is None:
+        pattern = torch.full((tokens.shape[0], H, P), 1.0 / P, dtype=R.dtype, device=R.device)
+    else:
+        pattern = p.transpose(1, 2)
+    z = pattern[:, :, 0, None] * v_flat.index_select(0, tokens[:, 0] * P)
+    for j in range(1, P):
+        z.addcmul_(pattern[:, :, j, None], v_flat.index_select(0, tokens[:, j] * P + j))
+    return R.flatten(0, 1), R[:, -1].index_select(0, tokens[:, -1]), pattern, z
 
 
 def fast_logits(model, tokens: Int[Tensor, "batch 3"],

@@ -176,10 +176,10 @@ def snapshot(group: RunGroup, at: str = "first099") -> Snapshot:
 
     run = group.representative
     step = analysis_step(run, at)
-    model = run.model_at(step)
+    ctx = AnalysisContext(run.model_at(step), run.config, run.dataset)  # one forward for the FVE and the loss
     with torch.no_grad():
-        shares = wl_energy_shares(AnalysisContext(model, run.config, run.dataset).W_L_group)
-    rows, _ = compute_metrics(model, run.config, run.dataset, names=["keyfreq_wl_fft", "fve_paper", "loss"])
+        shares = wl_energy_shares(ctx.W_L_group)
+    rows, _ = compute_metrics(context=ctx, names=["keyfreq_wl_fft", "fve_paper", "loss"])
     keys, fve = rows["keyfreq_wl_fft"], rows["fve_paper"]
     ranks = [r for r in range(1, N_KEYS + 1) if not math.isnan(keys[f"keyfreq_wl_fft_{r}"])]
     return Snapshot(group, run, step, rows["loss"]["acc_test"], shares.tolist(),

@@ -38,6 +38,7 @@ from geolens import tasks
 from geolens.cache import GeoActivationCache
 from geolens.config import GeoConfig
 from geolens.errors import GeoError
+from geolens.readout import bounded_readout, unit_columns
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 
@@ -209,15 +210,16 @@ class Unembed(nn.Module):
         self.hook_logits = HookPoint()
 
     def readout_matrix(self) -> Float[Tensor, "d_model d_vocab_out"]:
-        """The matrix the readout multiplies h by (column-normalised W_U for bounded, times tau)."""
+        """The matrix the readout multiplies h by (geolens.readout.bounded_readout for bounded: tau
+        times unit-norm W_U columns)."""
         if self.bounded:
-            return self.tau * self.W_U / self.W_U.norm(dim=0, keepdim=True).clamp_min(1e-12)
+            return bounded_readout(self.W_U, self.tau)
         return self.W_U
 
     def forward(self, h: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_vocab_out"]:
         h = self.hook_in(h)
-        if self.bounded:
-            W = self.W_U / self.W_U.norm(dim=0, keepdim=True).clamp_min(1e-12)
+        if self.bounded:  # cosines against the unit-norm columns, then tau (the order training used)
+            W = unit_columns(self.W_U)
             return self.hook_logits(self.tau * self.hook_scores(_rows_then_last(h, W)))
         return self.hook_logits(_rows_then_last(h, self.W_U))
 
@@ -474,7 +476,7 @@ class GeoTransformer(HookedRootModule):
         A plain tensor without gradient (safe to .numpy() for plotting)."""
         with torch.no_grad():
             W = self.unembed.readout_matrix()
-            if self.unembed.bounded:
+            if self.unembed.bounded:  # bounded_readout / tau (not unit_columns: the cached metrics' rounding)
                 W = W / self.cfg.tau
             return self.blocks[-1].mlp.W_out @ W
 

@@ -1,8 +1,14 @@
 """Probe the circuit at one training step: key frequencies, FVE, Clock/Pizza verdict, top heads and
-neurons by direct logit attribution. Used by `geolens probe` and `Run.probe`."""
+neurons by direct logit attribution. Used by `geolens probe` and `geolens.load_run(...).probe`.
+
+One forward over every input serves it all: the checkpoint's AnalysisContext (its activations at
+`=` give the metrics and the attribution). The full ActivationCache (every hook, every position,
+for TransformerLens tooling) is one run_with_cache more, made on first access of Probe.cache.
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -12,6 +18,7 @@ from geolens.cache import GeoActivationCache
 from geolens.model import GeoTransformer
 
 if TYPE_CHECKING:
+    from geolens.analysis import AnalysisContext
     from geolens.analysis.circuit import DLAResult
 
 
@@ -19,17 +26,26 @@ if TYPE_CHECKING:
 class Probe:
     """The circuit at `step` (the checkpoint nearest the `requested` epoch).
 
-    cache: GeoActivationCache of the model over every input of the task (a-major order);
-    metrics / skipped: compute_metrics output; dla: circuit.DLAResult over every input.
+    context: the checkpoint's analysis.AnalysisContext (model, dataset, activations at `=`);
+    metrics / skipped: compute_metrics output on it; dla: circuit.DLAResult over every input;
+    cache (computed on first access): GeoActivationCache of the model over every input of the
+    task (a-major order).
     """
 
     requested: int
     step: int
     model: GeoTransformer
-    cache: GeoActivationCache
+    context: AnalysisContext
     metrics: dict[str, dict[str, float]]
     skipped: dict[str, str]
     dla: DLAResult
+
+    @functools.cached_property
+    def cache(self) -> GeoActivationCache:
+        """run_with_cache of the model over every input (made once, on first access)."""
+        with torch.no_grad():
+            _, cache = self.model.run_with_cache(self.context.dataset.tokens)
+        return cache
 
     def __repr__(self) -> str:
         loss = self.metrics.get("loss", {})
@@ -79,18 +95,15 @@ class Probe:
 
 
 def probe_run(run, step: int) -> Probe:
-    """Probe of `run` at its checkpoint nearest `step` (metrics, full cache and DLA over every input)."""
-    from geolens.analysis import compute_metrics
-    from geolens.analysis.circuit import direct_logit_attribution
-    from geolens.analysis.eqforward import eq_from_cache
+    """Probe of `run` (a geolens.run.Run) at its checkpoint nearest `step`: metrics and DLA from one
+    AnalysisContext (one forward over every input); the full cache on first access of .cache."""
+    from geolens.analysis import AnalysisContext, compute_metrics
 
     nearest = run.nearest_step(step)
     model = run.model_at(nearest)
-    metrics, skipped = compute_metrics(model, run.config, run.dataset, num_threads=1)
-    with torch.no_grad():
-        logits, cache = model.run_with_cache(run.dataset.tokens)
-    dla = direct_logit_attribution(model, run.config, eq_from_cache(logits, cache, run.config), run.dataset.labels)
-    return Probe(step, nearest, model, cache, metrics, skipped, dla)
+    ctx = AnalysisContext(model, run.config, run.dataset)
+    metrics, skipped = compute_metrics(context=ctx, num_threads=1)
+    return Probe(step, nearest, model, ctx, metrics, skipped, ctx.dla)
 
 
 def describe(probe: Probe) -> list[tuple[str, str]]:

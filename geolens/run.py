@@ -1,4 +1,9 @@
-"""`load_run(path)`: a trained run as a Python object (config, metrics, steps, models, dataset)."""
+"""`Run`: a trained run directory as a Python object (config, metrics, steps, models, dataset).
+
+This layer reads runs and knows nothing of the analysis: geolens.trajectory and geolens.probe take
+a Run, and geolens.run_analysis (`geolens.load_run`) adds `run.analyze(...)` and `run.probe(step)`
+on top, so the imports go one way.
+"""
 
 from __future__ import annotations
 
@@ -77,23 +82,6 @@ class Run:
             raise GeoError(f"checkpoint {self.dir.ckpt_path(step)} does not match the run's config: {e}") from None
         return model.eval()
 
-    def probe(self, step: int):
-        """The circuit at the checkpoint nearest `step`: a probe.Probe with model, cache, metrics, DLA."""
-        from geolens.probe import probe_run
-
-        return probe_run(self, step)
-
-    def analyze(self, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = False,
-                keys: str | list[int] | None = None, workers: int | None = None, out: str | Path | None = None):
-        """Metrics at every (or the chosen) checkpoint, cached: a trajectory.Trajectory holding these and
-        every other cached metric of the run.
-        keys: 'auto' (default), 'final' or frequencies to pin (trajectory.resolve_keys).
-        workers: processes computing checkpoints, this one included (None: automatic; 1: only this
-        process; see trajectory.analyze_run). out: the analysis folder (default RUN/analysis)."""
-        from geolens.trajectory import analyze_run
-
-        return analyze_run(self, metrics, steps, progress, keys, workers, out)
-
     def summary(self) -> dict[str, Any]:
         """What `geolens info` prints."""
         rows = self._readable(lambda: self.metrics) or []
@@ -136,5 +124,5 @@ class Run:
 
 
 def load_run(path: str | Path) -> Run:
-    """Open a run directory written by `geolens train`."""
+    """Open a run directory written by `geolens train` (data only; geolens.load_run adds analyze and probe)."""
     return Run(path)

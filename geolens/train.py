@@ -24,7 +24,7 @@ from geolens.config import GeoConfig, training_warnings
 from geolens.errors import GeoError, warn
 from geolens.integrity import resume_point
 from geolens.model import GeoTransformer
-from geolens.progress import EpochProgress, run_stats
+from geolens.progress_bar import EpochProgress, run_stats
 from geolens.resources import check_fits, is_out_of_memory, out_of_memory_error
 from geolens.runlock import NewRunClaim, RunLock
 from geolens.schedule import parse_schedule

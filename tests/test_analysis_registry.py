@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from geolens.analysis import METRICS, AnalysisContext, compute_metrics, metric_versions
+from geolens.analysis import eqforward
 from geolens.analysis.context import last_position_forward
 from geolens.config import make_config
 from geolens.errors import GeoError
+from geolens.fast import fast_eq_forward
 from geolens.model import GeoTransformer
 from geolens.tasks import make_dataset
 
@@ -91,3 +93,22 @@ def test_context_forward_is_exact_and_shared():
     assert ctx.eq is ctx.eq and ctx.acts.shape == (23 * 23, 64)
     assert ctx.eq["blocks.0.attn.hook_pattern"].shape == (23 * 23, 2, 3)  # the `=` query's row
     assert not model.hook_dict["blocks.0.hook_resid_mid"].fwd_hooks  # hooks removed afterwards
+
+
+def test_compute_metrics_on_a_given_context_reuses_its_forward(monkeypatch):
+    """compute_metrics(context=ctx) computes on the caller's context: one forward for every call,
+    the same values as a fresh compute_metrics, and either a context or (model, cfg, dataset)."""
+    cfg = make_config("fb", p=23, **SMALL)
+    model, ds = GeoTransformer(cfg), make_dataset(cfg)
+    forwards = []
+    monkeypatch.setattr(eqforward, "fast_eq_forward", lambda *a: forwards.append(1) or fast_eq_forward(*a))
+    ctx = AnalysisContext(model, cfg, ds)
+    first, _ = compute_metrics(context=ctx, names=["loss", "dla"])
+    second, _ = compute_metrics(context=ctx, names=["attn_eq", "fve_paper"])
+    assert len(forwards) == 1 and ctx.dla is ctx.dla
+    fresh, _ = compute_metrics(model, cfg, ds, names=["loss", "dla", "attn_eq", "fve_paper"])
+    assert len(forwards) == 2 and {**first, **second} == fresh
+    with pytest.raises(GeoError, match="not both"):
+        compute_metrics(model, cfg, ds, context=ctx)
+    with pytest.raises(GeoError, match="context="):
+        compute_metrics(names=["loss"])

@@ -7,16 +7,20 @@ biases), with relative error <= 1e-5 on the logits and on every parameter gradie
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from geolens import fast
-from geolens.config import make_config
+from geolens import config, fast
+from geolens.config import GeoConfig, make_config
 from geolens.errors import GeoError
 from geolens.fast import fast_eq_forward, fast_flops, fast_logits, fast_unsupported_reason, stacked_fast_logits
 from geolens.model import GeoTransformer
 from geolens.tasks import make_dataset
+from geolens.train import choose_engine
 
 TOL = 1e-5
 SMALL = dict(p=23, n_perm=4, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5)
@@ -252,6 +256,28 @@ def test_two_layer_models_fall_back_with_a_reason():
     model = GeoTransformer(cfg)
     with pytest.raises(GeoError, match="n_layers"):
         fast_logits(model, make_dataset(cfg).train[0])
+
+
+def test_every_config_field_is_declared_by_the_fast_path():
+    """A new GeoConfig field must be classified in geolens.fast before the fast path runs it."""
+    declared = {"n_layers", "norm", "unembed", "attention"} | fast.FAST_VALUE_FIELDS | fast.FAST_IGNORED_FIELDS
+    assert declared == {f.name for f in dataclasses.fields(GeoConfig)}
+    assert not fast.FAST_VALUE_FIELDS & fast.FAST_IGNORED_FIELDS
+
+
+@pytest.mark.parametrize("field,options", [("norm", "NORMS"), ("unembed", "UNEMBEDS"), ("attention", "ATTENTIONS")])
+def test_an_option_added_to_the_config_is_refused_by_the_fast_path(field, options, monkeypatch):
+    """Adding a norm (readout, attention mode) to the config's choices does not enable it on the fast path."""
+    old = getattr(config, options)
+    for module in [m for name, m in sys.modules.items() if name.startswith("geolens")]:  # as if edited in config.py
+        if getattr(module, options, None) is old:
+            monkeypatch.setattr(module, options, (*old, "brand_new"))
+    cfg = _config("ln", "add", **{field: "brand_new"})
+    reason = fast_unsupported_reason(cfg)
+    assert reason is not None and field in reason and "brand_new" in reason
+    with pytest.raises(GeoError, match="brand_new"):
+        stacked_fast_logits(cfg, {}, [make_dataset(cfg).train[0]])
+    assert choose_engine(cfg)[0] == "hooked"
 
 
 def test_rejects_rows_with_a_different_last_token():

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from geolens import figures
-from geolens.analysis import compute_metrics
+from geolens.analysis import compute_metrics, eqforward
 from geolens.analysis.fourier import cyclic_frame
 from geolens.cli import main
 from geolens.config import make_config
+from geolens.fast import fast_eq_forward
 from geolens.figures import (ZOOM_EPOCHS, analysis_step, build_figures, clock_pizza_path, fig_onsets, fig_test_accuracy,
                              fig_uniform_attention, snapshot, write_figures)
 from geolens.paper import paper_tables
@@ -117,9 +118,12 @@ def _independent_shares(model, cfg):
     return (per_freq / per_freq.sum()).tolist()
 
 
-def test_spectrum_and_fve_of_each_configuration(tiny_sweep):
+def test_spectrum_and_fve_of_each_configuration(tiny_sweep, monkeypatch):
     groups = _groups(tiny_sweep)
+    forwards = []
+    monkeypatch.setattr(eqforward, "fast_eq_forward", lambda *a: forwards.append(1) or fast_eq_forward(*a))
     snaps = [snapshot(g, "first099") for g in groups]
+    assert len(forwards) == len(groups)  # one forward per configuration
     spec = figures.fig_spectrum(snaps, figures.group_colors(groups), "first099")
     assert all(p.title.startswith(g.full_label + ", seed 1, epoch ") for p, g in zip(spec.panels, groups))
     assert len(spec.panels) == len(groups) == 2

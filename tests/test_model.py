@@ -13,6 +13,7 @@ from transformer_lens.ActivationCache import ActivationCache
 from geolens.config import GeoConfig, make_config
 from geolens.errors import GeoError
 from geolens.model import GeoTransformer
+from geolens.plain_model import PlainTransformer
 from geolens.tasks import make_dataset
 
 SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64)
@@ -24,43 +25,10 @@ def tokens_for(cfg, n=64, seed=0):
     return torch.cat([ab, torch.full((n, 1), cfg.n_classes)], dim=1)
 
 
-# ---- an independent implementation of the paper's forward equations ---------------------------
-def paper_norm(kind, x, module, cfg):
-    if kind == "layernorm":
-        return F.layer_norm(x, (x.shape[-1],), module.w, module.b, eps=cfg.ln_eps)
-    if kind == "rmsnorm":
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_eps) * module.w
-    if kind == "sphere":
-        return x / x.norm(dim=-1, keepdim=True).clamp_min(cfg.sphere_eps)
-    return x
-
-
+# ---- the plain-PyTorch reference of the paper's forward equations (geolens.plain_model) ----------
 def paper_forward(model, tokens):
     """h = N1(E[x] + P); h = N2(h + Attn(h)); h = N3(h + MLP(h)); logits = f(h) at every position."""
-    cfg = model.cfg
-    B, L = tokens.shape
-    H, Dh, D = cfg.n_heads, cfg.d_head, cfg.d_model
-    h = model.embed.W_E[tokens] + model.pos_embed.W_pos[:L]
-    h = paper_norm(cfg.norm, h, model.embed_norm, cfg)
-    for blk in model.blocks:
-        a = blk.attn
-        # HookedTransformer layout [H, D, Dh] -> one (D, H*Dh) projection, as nn.Linear would do it
-        q = (h @ a.W_Q.permute(1, 0, 2).reshape(D, H * Dh)).view(B, L, H, Dh).transpose(1, 2)
-        k = (h @ a.W_K.permute(1, 0, 2).reshape(D, H * Dh)).view(B, L, H, Dh).transpose(1, 2)
-        v = (h @ a.W_V.permute(1, 0, 2).reshape(D, H * Dh)).view(B, L, H, Dh).transpose(1, 2)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(Dh)
-        if cfg.attention == "uniform":
-            scores = torch.zeros_like(scores)
-        if cfg.causal:
-            scores = scores.masked_fill(torch.ones(L, L).triu(1).bool(), float("-inf"))
-        mixed = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(B, L, H * Dh)
-        h = paper_norm(cfg.norm, h + mixed @ a.W_O.reshape(H * Dh, D), blk.attn_norm, cfg)
-        m = blk.mlp
-        h = paper_norm(cfg.norm, h + torch.relu(h @ m.W_in + m.b_in) @ m.W_out + m.b_out, blk.mlp_norm, cfg)
-    W_U = model.unembed.W_U
-    if cfg.unembed == "bounded":
-        return cfg.tau * h @ F.normalize(W_U, dim=0)
-    return h @ W_U
+    return PlainTransformer(model.cfg).load_from(model)(tokens)
 
 
 VARIANTS = list(itertools.product(["none", "layernorm", "rmsnorm", "sphere"], ["raw", "bounded"], ["learned", "uniform"]))
@@ -381,3 +349,18 @@ def test_dir_and_help_list_the_public_api():
     for name in ("GeoTransformer", "GeoActivationCache", "make_config", "load_run", "compute_metrics", "residual_parts"):
         assert name in names and name in geolens.__doc__
     assert "GeoActivationCache" in pydoc.render_doc(geolens)
+
+
+def test_readout_normalisation_is_shared_and_clamped():
+    """geolens.readout: unit columns over d_model (the second-to-last dim, members stacked in front),
+    a zero column divided by 1e-12 instead of 0, and the bounded readout tau times the unit columns."""
+    from geolens.readout import bounded_readout, unit_columns
+
+    W = torch.randn(2, 8, 5, generator=torch.Generator().manual_seed(0))
+    W[1, :, 3] = 0.0
+    U = unit_columns(W)
+    assert torch.allclose(U[0].norm(dim=0), torch.ones(5)) and torch.equal(U[1, :, 3], torch.zeros(8))
+    assert torch.equal(unit_columns(W[0]), U[0])
+    assert torch.allclose(bounded_readout(W, 10.0), 10.0 * U, rtol=1e-6, atol=0)
+    model = GeoTransformer(make_config("fb", **SMALL))
+    assert torch.equal(model.unembed.readout_matrix(), bounded_readout(model.unembed.W_U, model.cfg.tau))

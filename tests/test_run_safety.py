@@ -17,7 +17,7 @@ from conftest import TINY, geolens_process, one_line_error
 from geolens import train as training
 from geolens.config import make_config
 from geolens.errors import GeoError
-from geolens.run import load_run
+from geolens.run_analysis import load_run
 from geolens.runlock import LOCK_NAME, RunLock
 from geolens.storage import RunDir, load_tensors, read_metrics
 

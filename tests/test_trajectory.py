@@ -12,10 +12,12 @@ import pytest
 
 from geolens import train as training
 from geolens import trajectory
-from geolens.analysis import METRICS
+from geolens.analysis import METRICS, eqforward
 from geolens.config import make_config
 from geolens.errors import GeoError
-from geolens.run import load_run
+from geolens.fast import fast_eq_forward
+from geolens.model import GeoTransformer
+from geolens.run_analysis import load_run
 from geolens.trajectory import analyze_run
 
 SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.6, lr=3e-3)
@@ -171,10 +173,17 @@ def test_cli_analyze_writes_report_and_figures_and_probe_prints_circuit(run_dir)
     assert "key frequencies" in r.stdout and "clock / pizza" in r.stdout and "top neurons" in r.stdout
 
 
-def test_python_probe(run_dir):
+def test_python_probe(run_dir, monkeypatch):
+    forwards, caches = [], []
+    monkeypatch.setattr(eqforward, "fast_eq_forward", lambda *a: forwards.append(1) or fast_eq_forward(*a))
+    run_with_cache = GeoTransformer.run_with_cache
+    monkeypatch.setattr(GeoTransformer, "run_with_cache", lambda *a, **k: caches.append(1) or run_with_cache(*a, **k))
     probe = load_run(run_dir).probe(120)
+    assert (len(forwards), len(caches)) == (1, 0)  # metrics and attribution from one forward at `=`
     assert probe.step == 120 and len(probe.key_freqs) == 5
+    assert probe.dla.means()["L0H1"] == probe.metrics["dla"]["dla_L0H1"]
     assert probe.cache["blocks.0.mlp.hook_post"].shape[0] == 23 * 23
+    assert probe.cache is probe.cache and len(caches) == 1  # the full cache: on first access, once
     assert probe.verdict in ("clock", "pizza", "mixed", "unsolved")
     assert len(probe.top_heads()) == 3 and len(probe.top_neurons()) == 10
     assert all(type(k) is int for k in probe.key_freqs)

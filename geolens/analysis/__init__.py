@@ -1,7 +1,7 @@
 """Mechanistic-interpretability metrics of one checkpoint (definitions: docs/metrics.md).
 
 Modules, one per family: fourier (bases, discrete log, the cyclic frame), keyfreq, fve,
-progress (Nanda's progress measures, truncated-logit accuracy), clockpizza, health, circuit,
+progress_measures (Nanda's progress measures, truncated-logit accuracy), clockpizza, health, circuit,
 geometry; registry holds the metric set used by the trajectory layer and compute_metrics.
 """
 

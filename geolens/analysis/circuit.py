@@ -36,15 +36,14 @@ from geolens.analysis.fourier import cos_index, fourier_basis, sin_index
 from geolens.analysis.threads import single_thread
 from geolens.config import GeoConfig
 from geolens.decompose import norm_linear, norm_offset, pull_back
+from geolens.readout import unit_columns
 
 
 # ---- direct logit attribution --------------------------------------------------------------------
 def readout_directions(model, cfg: GeoConfig) -> Float[Tensor, "d_model C"]:
     """What the final residual stream is read against: W_U (raw) or unit-norm W_U columns (bounded)."""
     W = model.unembed.W_U.detach()
-    if cfg.unembed == "bounded":
-        W = W / W.norm(dim=0, keepdim=True).clamp_min(1e-12)
-    return W
+    return unit_columns(W) if cfg.unembed == "bounded" else W
 
 
 def logit_diff_directions(W: Float[Tensor, "d_model C"]) -> Float[Tensor, "d_model C"]:

@@ -15,7 +15,7 @@ import functools
 import torch
 from torch import Tensor
 
-from geolens.analysis import clockpizza, fourier, keyfreq, progress
+from geolens.analysis import circuit, clockpizza, fourier, keyfreq, progress_measures
 from geolens.analysis.eqforward import EqActivations, eq_forward_tables, eq_from_cache
 from geolens.config import GeoConfig
 from geolens.errors import GeoError
@@ -161,10 +161,15 @@ class AnalysisContext:
         return keyfreq.keyfreq_wl_fft(self.W_L_group, self.n_keys)
 
     @functools.cached_property
-    def key_projections(self) -> progress.KeyProjections:
-        """progress.key_projections of logits_block on the key frequencies (class means and the
+    def key_projections(self) -> progress_measures.KeyProjections:
+        """progress_measures.key_projections of logits_block on the key frequencies (class means and the
         per-key projections [m, n, n] by label position and class)."""
-        return progress.key_projections(self.logits_block, self.frame, self.key_freqs)
+        return progress_measures.key_projections(self.logits_block, self.frame, self.key_freqs)
+
+    @functools.cached_property
+    def dla(self) -> circuit.DLAResult:
+        """circuit.direct_logit_attribution of every input's correct class at `=`, from `eq`."""
+        return circuit.direct_logit_attribution(self.model, self.cfg, self.eq, self.labels)
 
     # -- clock / pizza pieces shared by the diagnostics and the verdict --
     @functools.cached_property

@@ -12,21 +12,21 @@ exactly that, keyed by TransformerLens hook name, with the position axis dropped
     blocks.L.{attn,mlp}_norm.hook_scale (not for norm none)  [N, 1]
 
 Two routes give the same values up to float32 summation order
-(tests/test_analysis_eqforward.py):
+(tests/test_analysis_speed_paths.py):
 - eq_from_cache: read them off any ActivationCache of the hooked model (the reference route;
   used for models the table route does not cover);
 - eq_forward_tables, for one-layer [a, b, =] models (geolens.fast.fast_unsupported_reason(cfg)
-  is None): the residual stream before attention depends only on (token, position), so the
-  training fast path's per-token tables give the `=` query's attention and, through embedding
-  bags, the residual after attention and the MLP pre-activations; only the MLP output and the
-  readout are per-input matmuls (geolens.fast.fast_eq_forward).
+  is None): geolens.fast.fast_eq_forward computes the whole `=` forward (the residual stream
+  before attention depends only on (token, position), so the training fast path's per-token
+  tables give the `=` query's attention and, through embedding bags, the residual after attention
+  and the MLP pre-activations; only the MLP output and the readout are per-input matmuls); this
+  module only puts its values under their hook names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -91,44 +91,28 @@ def eq_from_cache(logits: Float[Tensor, "N pos C"], cache, cfg: GeoConfig) -> Eq
     return EqActivations(logits[:, -1], values, [cache[name].flatten(0, -2) for name in projected_hooks(cfg)])
 
 
-def eq_forward_tables(model, cfg: GeoConfig, tokens: Int[Tensor, "N 3"]) -> EqActivations:
-    """EqActivations of a one-layer model over tokens [N, n_ctx], from per-token tables (no grad).
+# fast_eq_forward's names -> hook names (layer 0, the only one the fast path has)
+_FAST_HOOKS = {
+    "embed": "hook_embed",
+    "pos_embed": "hook_pos_embed",
+    "resid_pre": "blocks.0.hook_resid_pre",
+    "pattern": "blocks.0.attn.hook_pattern",
+    "z": "blocks.0.attn.hook_z",
+    "attn_out": "blocks.0.hook_attn_out",
+    "resid_mid": "blocks.0.hook_resid_mid",
+    "mlp_post": "blocks.0.mlp.hook_post",
+    "mlp_out": "blocks.0.hook_mlp_out",
+    "resid_post": "blocks.0.hook_resid_post",
+    "attn_scale": "blocks.0.attn_norm.hook_scale",
+    "mlp_scale": "blocks.0.mlp_norm.hook_scale",
+}
 
-    The attention of `=`, the residual after attention, the MLP, the norms and the readout come
-    from geolens.fast.fast_eq_forward (the training path's tables and embedding bags, forward
-    only: no per-input W_O or W_in matmul); z = sum_j pattern_j v_j from a per-token v table, and
-    attn_out = (resid_pre + attn_out) - resid_pre.
-    """
-    V, P, H = cfg.d_vocab, cfg.n_ctx, cfg.n_heads
-    N = tokens.shape[0]
-    last = tokens[:, -1]
+
+def eq_forward_tables(model, cfg: GeoConfig, tokens: Int[Tensor, "N 3"]) -> EqActivations:
+    """EqActivations of a one-layer model over tokens [N, 3] (no grad): geolens.fast.fast_eq_forward's
+    values (the training path's tables and embedding bags) under their hook names."""
     fast = fast_eq_forward(model, tokens)
     f = fast.values
-    with torch.no_grad():
-        R = model.residual_after_embed(torch.arange(V)[:, None].expand(V, P))  # [V, P, D]
-        v_flat = torch.einsum("vpd,hde->vphe", R, model.blocks[0].attn.W_V).flatten(0, 1)  # [V * P, H, d_head]
-        if cfg.attention == "uniform":
-            pattern = torch.full((N, H, P), 1.0 / P, dtype=R.dtype)
-        else:
-            pattern = f["p"].transpose(1, 2)  # [N, H, P]
-        z = pattern[:, :, 0, None] * v_flat.index_select(0, tokens[:, 0] * P)
-        for j in range(1, P):
-            z.addcmul_(pattern[:, :, j, None], v_flat.index_select(0, tokens[:, j] * P + j))
-        resid_pre = R[:, -1].index_select(0, last)
-    values = {
-        "hook_embed": model.embed.W_E.detach().index_select(0, last),
-        "hook_pos_embed": model.pos_embed.W_pos.detach()[P - 1].expand(N, -1),
-        "blocks.0.hook_resid_pre": resid_pre,
-        "blocks.0.attn.hook_pattern": pattern,
-        "blocks.0.attn.hook_z": z,
-        "blocks.0.hook_attn_out": f["x"] - resid_pre,
-        "blocks.0.hook_resid_mid": f["resid_mid"],
-        "blocks.0.mlp.hook_post": f["mlp_post"],
-        "blocks.0.hook_mlp_out": f["mlp_out"],
-        "blocks.0.hook_resid_post": f["resid_post"],
-    }
-    if cfg.norm != "none":
-        values["blocks.0.attn_norm.hook_scale"] = f["attn_scale"]
-        values["blocks.0.mlp_norm.hook_scale"] = f["mlp_scale"]
-    projected = [R.flatten(0, 1), f["resid_mid"], f["resid_post"]] if cfg.norm == "sphere" else []
+    values = {hook: f[name] for name, hook in _FAST_HOOKS.items() if name in f}
+    projected = [f["embedded"], f["resid_mid"], f["resid_post"]] if cfg.norm == "sphere" else []
     return EqActivations(f["logits"], values, projected, fast)

@@ -1,9 +1,10 @@
 """The metric set of the trajectory layer: name -> MetricSpec, and compute_metrics.
 
 Every metric reads one shared AnalysisContext per checkpoint (context.py). The context runs the
-model once over all inputs (a no-grad run_with_cache, or its per-token-table equivalent for
-one-layer models) and computes the shared pieces lazily and at most once: logits, cache, W_L, the
-cyclic frame, key frequencies, key projections, the neuron spectra. Each metric returns a
+model once over all inputs (a no-grad run_with_cache, or the fast path's `=` forward for
+one-layer models) and computes the shared pieces lazily and at most once: logits, activations at
+`=`, W_L, the cyclic frame, key frequencies, key projections, the neuron spectra, the DLA. A caller
+that holds a context passes it (compute_metrics(context=ctx)). Each metric returns a
 flat dict of float scalars. `version` is bumped whenever a metric's definition changes (the
 trajectory layer's cache is keyed on it); `applies(cfg)` returns None or the reason the metric is
 skipped for that config.
@@ -23,7 +24,7 @@ from typing import Callable
 import torch.nn.functional as F
 from torch import Tensor
 
-from geolens.analysis import circuit, clockpizza, fve, geometry, health, keyfreq, progress
+from geolens.analysis import circuit, clockpizza, fve, geometry, health, keyfreq, progress_measures
 from geolens.analysis.context import AnalysisContext
 from geolens.analysis.threads import torch_threads
 from geolens.config import GeoConfig
@@ -99,12 +100,12 @@ def m_fve_neuron(ctx: AnalysisContext) -> dict[str, float]:
 
 
 def m_restricted_loss(ctx: AnalysisContext) -> dict[str, float]:
-    res = progress.restricted_loss(ctx.logits, ctx.frame, ctx.key_freqs, ctx.split_masks, projs=ctx.key_projections)
+    res = progress_measures.restricted_loss(ctx.logits, ctx.frame, ctx.key_freqs, ctx.split_masks, projs=ctx.key_projections)
     return {"restricted_loss": res["test"], "restricted_loss_train": res["train"]}
 
 
 def m_excluded_loss(ctx: AnalysisContext) -> dict[str, float]:
-    res = progress.excluded_loss(ctx.logits, ctx.frame, ctx.key_freqs, ctx.split_masks, projs=ctx.key_projections)
+    res = progress_measures.excluded_loss(ctx.logits, ctx.frame, ctx.key_freqs, ctx.split_masks, projs=ctx.key_projections)
     out = {"excluded_loss": res["train"]["all"], "excluded_loss_test": res["test"]["all"]}
     for r in range(ctx.n_keys):
         out[f"excluded_loss_{r + 1}"] = res["train"].get(str(r + 1), float("nan"))
@@ -113,14 +114,14 @@ def m_excluded_loss(ctx: AnalysisContext) -> dict[str, float]:
 
 
 def m_weight_norm(ctx: AnalysisContext) -> dict[str, float]:
-    res = progress.weight_norm(ctx.model)
+    res = progress_measures.weight_norm(ctx.model)
     out = {"weight_norm": res.pop("frobenius"), "weight_norm_sq": res.pop("total_sq")}
     out.update({f"weight_norm_sq/{name}": v for name, v in res.items()})
     return out
 
 
 def m_logit_cos_coeff(ctx: AnalysisContext) -> dict[str, float]:
-    coef = progress.logit_cos_coeff(ctx.logits_block, ctx.frame.sign)
+    coef = progress_measures.logit_cos_coeff(ctx.logits_block, ctx.frame.sign)
     return {f"logit_cos_coeff_{k + 1}": float(c) for k, c in enumerate(coef)}
 
 
@@ -128,7 +129,7 @@ def m_truncated_logit_acc(ctx: AnalysisContext) -> dict[str, float]:
     frame = ctx.frame
     rows = frame.grid_rows.flatten()
     masks = {name: ctx.split_masks[name][rows] for name in ("test", "train")}
-    res = progress.truncated_logit_accuracies(ctx.logits_block.reshape(frame.n * frame.n, frame.n),
+    res = progress_measures.truncated_logit_accuracies(ctx.logits_block.reshape(frame.n * frame.n, frame.n),
                                               frame.label_pos.flatten(), masks, ctx.n_keys)
     return {"truncated_logit_acc": res["test"][0], "truncated_logit_acc_train": res["train"][0]}
 
@@ -171,7 +172,7 @@ def m_nlm_cosine(ctx: AnalysisContext) -> dict[str, float]:
 
 
 def m_dla(ctx: AnalysisContext) -> dict[str, float]:
-    res = circuit.direct_logit_attribution(ctx.model, ctx.cfg, ctx.eq, ctx.labels)
+    res = ctx.dla
     out = {f"dla_{name}": v for name, v in res.means().items()}
     out["dla_total"] = float(res.total.mean())
     out["dla_recon_err"] = res.recon_error
@@ -275,32 +276,42 @@ METRICS: dict[str, MetricSpec] = {
 
 
 def compute_metrics(
-    model, cfg: GeoConfig, dataset: Dataset, names=None, key_freqs=None, num_threads: int | None = 1
+    model=None, cfg: GeoConfig | None = None, dataset: Dataset | None = None, names=None, key_freqs=None,
+    num_threads: int | None = 1, context: AnalysisContext | None = None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Compute the named metrics (all by default) on one checkpoint.
 
     Returns (rows, skipped): rows[name] is the metric's flat dict of floats; skipped[name] is the
     reason a metric does not apply to this config. key_freqs pins the key frequencies (see
-    AnalysisContext). num_threads: torch threads for the duration of the call, restored after;
-    None keeps the caller's setting. The default is one thread: most analysis ops are small and
-    memory-bound, and on cores shared with other processes every 2-thread OpenMP region stalls
-    when the other core is busy, while one thread degrades gracefully (docs/performance.md).
+    AnalysisContext). context: an AnalysisContext to compute on instead of (model, cfg, dataset,
+    key_freqs), so a caller that reads activations from it too runs the forward only once
+    (compute_metrics(context=ctx, names=...)). num_threads: torch threads for the duration of the
+    call, restored after; None keeps the caller's setting. The default is one thread: most analysis
+    ops are small and memory-bound, and on cores shared with other processes every 2-thread OpenMP
+    region stalls when the other core is busy, while one thread degrades gracefully
+    (docs/performance.md).
     """
     names = list(METRICS) if names is None else list(names)
     unknown = [n for n in names if n not in METRICS]
     if unknown:
         raise GeoError(f"unknown metric(s) {unknown}; known metrics: {', '.join(METRICS)}")
-    ctx = AnalysisContext(model, cfg, dataset, key_freqs=key_freqs)
+    if context is None:
+        if model is None or cfg is None or dataset is None:
+            raise GeoError("compute_metrics needs model, cfg and dataset, or context=AnalysisContext(...)")
+        context = AnalysisContext(model, cfg, dataset, key_freqs=key_freqs)
+    elif any(x is not None for x in (model, cfg, dataset, key_freqs)):
+        raise GeoError("compute_metrics takes model, cfg, dataset (and key_freqs) or a context, not both; the "
+                       "context carries them (AnalysisContext(model, cfg, dataset, key_freqs=...))")
     rows: dict[str, dict[str, float]] = {}
     skipped: dict[str, str] = {}
     with torch_threads(num_threads):
         for name in names:
             spec = METRICS[name]
-            reason = spec.applies(cfg)
+            reason = spec.applies(context.cfg)
             if reason is not None:
                 skipped[name] = reason
                 continue
-            rows[name] = {k: float(v) for k, v in spec.fn(ctx).items()}
+            rows[name] = {k: float(v) for k, v in spec.fn(context).items()}
     return rows, skipped
 
 

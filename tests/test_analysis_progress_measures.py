@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from geolens.analysis import fourier, progress
+from geolens.analysis import fourier, progress_measures
 from geolens.config import make_config
 from geolens.model import GeoTransformer
 from geolens.tasks import make_dataset
@@ -48,8 +48,8 @@ def test_key_only_logits_restricted_equals_full_and_excluded_is_maximal(task):
     cfg, ds, frame, masks = _setup(task)
     keys = torch.tensor([2, 5, 9])
     logits = _key_logits(frame, keys.tolist())
-    restricted = progress.restricted_loss(logits, frame, keys, masks)
-    excluded = progress.excluded_loss(logits, frame, keys, masks)
+    restricted = progress_measures.restricted_loss(logits, frame, keys, masks)
+    excluded = progress_measures.excluded_loss(logits, frame, keys, masks)
     for split in ("train", "test"):
         full = _ce_on_frame(logits, ds, frame, masks[split])
         assert restricted[split] == pytest.approx(full, abs=1e-4)
@@ -68,7 +68,7 @@ def test_restricted_loss_drops_non_key_parts():
     cfg, ds, frame, masks = _setup()
     logits = _key_logits(frame, [2, 5])
     noisy = logits + 3 * torch.randn(logits.shape, generator=torch.Generator().manual_seed(0))
-    restricted = progress.restricted_loss(noisy, frame, torch.tensor([2, 5]), masks)
+    restricted = progress_measures.restricted_loss(noisy, frame, torch.tensor([2, 5]), masks)
     assert restricted["test"] < _ce_on_frame(noisy, ds, frame, masks["test"])
 
 
@@ -116,7 +116,7 @@ def test_key_projections_match_the_projection_on_explicit_directions(task, p):
     n = frame.n
     block = torch.randn(n, n, n, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     freqs = [2, 7, 0, n // 2]  # DC and (for even n) Nyquist keep only their cosine
-    projs = progress.key_projections(block, frame, torch.tensor(freqs))
+    projs = progress_measures.key_projections(block, frame, torch.tensor(freqs))
     flat = block.reshape(n * n, n)
     assert torch.allclose(projs.class_mean, flat.mean(0), atol=1e-12)
     s = frame.label_pos.flatten()
@@ -133,8 +133,8 @@ def test_restricted_and_excluded_loss_match_the_definition(task, p, scale):
     g = torch.Generator().manual_seed(p)
     logits = _key_logits(frame, keys, amp=scale) + scale * torch.randn(p * p, p, generator=g)
     ref_r, ref_e = _reference_losses(logits, frame, keys, masks)
-    got_r = progress.restricted_loss(logits, frame, torch.tensor(keys), masks)
-    got_e = progress.excluded_loss(logits, frame, torch.tensor(keys), masks)
+    got_r = progress_measures.restricted_loss(logits, frame, torch.tensor(keys), masks)
+    got_e = progress_measures.excluded_loss(logits, frame, torch.tensor(keys), masks)
     for split in masks:
         assert got_r[split] == pytest.approx(ref_r[split], rel=1e-6, abs=1e-6)
         assert got_e[split].keys() == ref_e[split].keys()
@@ -151,7 +151,7 @@ def test_excluded_loss_survives_logits_whose_exponentials_underflow(task):
     logits = _key_logits(frame, keys, amp=300.0, class0=-200.0)
     logits += torch.randn(logits.shape, generator=torch.Generator().manual_seed(3))
     _, ref_e = _reference_losses(logits, frame, keys, masks)
-    got_e = progress.excluded_loss(logits, frame, torch.tensor(keys), masks)
+    got_e = progress_measures.excluded_loss(logits, frame, torch.tensor(keys), masks)
     for split in masks:
         for key in ref_e[split]:
             assert math.isfinite(got_e[split][key])
@@ -162,8 +162,8 @@ def test_losses_of_an_empty_split_are_nan():
     cfg, ds, frame, masks = _setup()
     logits = torch.randn(23 * 23, 23, generator=torch.Generator().manual_seed(0))
     empty = {"none": torch.zeros(23 * 23, dtype=torch.bool)}
-    assert math.isnan(progress.restricted_loss(logits, frame, torch.tensor([2]), empty)["none"])
-    assert all(math.isnan(v) for v in progress.excluded_loss(logits, frame, torch.tensor([2]), empty)["none"].values())
+    assert math.isnan(progress_measures.restricted_loss(logits, frame, torch.tensor([2]), empty)["none"])
+    assert all(math.isnan(v) for v in progress_measures.excluded_loss(logits, frame, torch.tensor([2]), empty)["none"].values())
 
 
 def _brute_cos_coeff(block, sign):
@@ -181,7 +181,7 @@ def _brute_cos_coeff(block, sign):
 def test_logit_cos_coeff_matches_the_brute_force_cube(n, sign):
     block = torch.randn(n, n, n, generator=torch.Generator().manual_seed(n), dtype=torch.float64)
     block = block + 2.0 * torch.cos(2 * math.pi * 3 * (torch.arange(n)[:, None, None] + sign * torch.arange(n)[None, :, None] - torch.arange(n)[None, None, :]) / n)
-    got = progress.logit_cos_coeff(block, sign)
+    got = progress_measures.logit_cos_coeff(block, sign)
     assert torch.allclose(got, _brute_cos_coeff(block, sign), atol=1e-10)
     assert got[2] == pytest.approx(2.0, abs=0.3)
 
@@ -194,17 +194,17 @@ def test_truncated_logit_accuracy_keeps_the_key_bins():
     noisy = logits + noise
     labels = frame.label_pos.flatten()
     full_acc = float((noisy.argmax(-1) == labels).float().mean())
-    acc, bins = progress.truncated_logit_accuracy(noisy, labels, k=3)
+    acc, bins = progress_measures.truncated_logit_accuracy(noisy, labels, k=3)
     assert sorted(bins.tolist()) == keys
     assert acc > 0.97 and full_acc < 0.6  # truncation removes most of the noise
-    dc_only, _ = progress.truncated_logit_accuracy(noisy, labels, k=0)
+    dc_only, _ = progress_measures.truncated_logit_accuracy(noisy, labels, k=0)
     assert dc_only < 0.2
 
 
 def test_weight_norm_matches_a_manual_sum():
     cfg = make_config("ln", p=23, d_model=16, d_mlp=32, n_heads=2, d_head=8)
     model = GeoTransformer(cfg)
-    res = progress.weight_norm(model)
+    res = progress_measures.weight_norm(model)
     manual = sum(float(p.detach().double().square().sum()) for p in model.parameters())
     assert res["total_sq"] == pytest.approx(manual)
     assert res["frobenius"] == pytest.approx(math.sqrt(manual))
@@ -233,10 +233,10 @@ def test_truncated_logit_accuracy_matches_rfft_on_random_logits(n):
     logits = (torch.tensor([1.0, 0.8, 0.6])[:, None, None] * waves).sum(0) + 0.7 * torch.randn(2000, n, generator=g) + 5.0
     masks = {"a": torch.rand(2000, generator=g) < 0.3}
     masks["b"] = ~masks["a"]
-    got = progress.truncated_logit_accuracies(logits, labels, masks, k=4)
+    got = progress_measures.truncated_logit_accuracies(logits, labels, masks, k=4)
     for name, m in masks.items():
         acc, bins = _truncated_reference(logits[m], labels[m], 4)
         assert got[name][1].tolist() == bins.tolist()
         assert got[name][0] == pytest.approx(acc, abs=1.5 / m.sum().item())  # at most one argmax flip
-    assert progress.truncated_logit_accuracy(logits, labels, 4)[1].tolist() == _truncated_reference(logits, labels, 4)[1].tolist()
-    assert math.isnan(progress.truncated_logit_accuracies(logits, labels, {"none": torch.zeros(2000, dtype=torch.bool)})["none"][0])
+    assert progress_measures.truncated_logit_accuracy(logits, labels, 4)[1].tolist() == _truncated_reference(logits, labels, 4)[1].tolist()
+    assert math.isnan(progress_measures.truncated_logit_accuracies(logits, labels, {"none": torch.zeros(2000, dtype=torch.bool)})["none"][0])
