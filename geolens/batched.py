@@ -1,6 +1,6 @@
 """Batched training: many members (seeds, and configs of one shape) as one stacked model in one process.
 
-Each member is its own GeoTransformer with its own torch AdamW (train.make_optimizer, the
+Each member is its own GeoTransformer with its own torch AdamW (engine.make_optimizer, the
 single run's optimizer). Every step `StackedForward` stacks the members' parameters over a
 leading member dimension ([S, *shape]) and computes the per-member logits: with the fast path
 (one-layer models, engine auto/fast) as one stacked computation (geolens.fast.stacked_fast_logits:
@@ -45,23 +45,18 @@ from geolens.runlock import NewRunClaim, RunLock
 from geolens.schedule import parse_schedule
 from geolens.storage import BackgroundWriter, RunDir, atomic_write_json, load_tensors
 from geolens.tasks import make_dataset
+from geolens.engine import choose_engine, make_optimizer, out_of_memory_as_error, preflight, synchronize, training_device
 from geolens.train import (
     TrainResult,
-    choose_engine,
     early_stop_due,
     finish_run,
     from_resume_state,
-    make_optimizer,
     mark_started,
     metrics_row,
     onset_events,
     optimizer_tensors,
-    out_of_memory_as_error,
-    preflight,
     run_header,
     squared_norms,
-    synchronize,
-    training_device,
     write_checkpoint,
 )
 
