@@ -45,9 +45,9 @@ from geolens.runlock import NewRunClaim, RunLock
 from geolens.schedule import parse_schedule
 from geolens.storage import BackgroundWriter, RunDir, atomic_write_json, load_tensors
 from geolens.tasks import make_dataset
+from geolens.train import TrainResult
 from geolens.engine import choose_engine, make_optimizer, out_of_memory_as_error, preflight, synchronize, training_device
-from geolens.train import (
-    TrainResult,
+from geolens.recording import (
     early_stop_due,
     finish_run,
     from_resume_state,
