@@ -9,7 +9,7 @@ dimension, the default for one-layer models) and 'hooked' (the hooked forward vm
 members); every member steps its own torch AdamW, as geolens.batched.train_batched does.
 One seed-epoch = one member's full-batch training step (forward, cross-entropy, backward, AdamW
 step) on its training split (p = 113, frac 0.3: 3,830 examples). The single-run path is the
-geolens fast path (fast_logits + train.make_optimizer, one seed), measured in the same process. All
+geolens fast path (fast_logits + engine.make_optimizer, one seed), measured in the same process. All
 setups of a preset step in turn (one untimed round, then --reps timed rounds) and the median per
 setup is reported, so machine load hits them alike. Timings on a
 shared machine are noisy: compare the ratios printed in one run.
@@ -30,11 +30,11 @@ from geolens.config import make_config
 from geolens.fast import fast_logits
 from geolens.model import GeoTransformer
 from geolens.tasks import make_dataset
-from geolens.train import make_optimizer, synchronize
+from geolens.engine import make_optimizer, synchronize
 
 
 def single_step(preset: str, device: torch.device):
-    """One full-batch training step of one seed on the fast path (fast_logits + train.make_optimizer)."""
+    """One full-batch training step of one seed on the fast path (fast_logits + engine.make_optimizer)."""
     cfg = make_config(preset, seed=1, data_seed=1)
     model = GeoTransformer(cfg).to(device)
     opt = make_optimizer(model)

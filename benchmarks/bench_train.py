@@ -7,7 +7,7 @@
 One epoch = one full-batch step on the training split (p = 113, frac 0.3: 3,830 examples):
 forward, cross-entropy, backward, AdamW step (the preset's lr / betas / weight decay; the
 straightforward implementation uses torch.optim.AdamW's defaults, the two geolens engines
-geolens.train.make_optimizer, the fused AdamW `geolens train` uses). The three
+geolens.engine.make_optimizer, the fused AdamW `geolens train` uses). The three
 engines run interleaved (one step each per round) in this one process on the same data, and the
 median over rounds is reported. Before timing, each engine evaluates the test split once under
 no_grad, as the training loop does at epoch 0. Timings on a shared machine are noisy: compare
@@ -38,7 +38,7 @@ from geolens.fast import fast_flops, fast_logits
 from geolens.model import GeoTransformer
 from geolens.plain_model import PlainTransformer
 from geolens.tasks import make_dataset
-from geolens.train import make_optimizer, synchronize
+from geolens.engine import make_optimizer, synchronize
 
 
 # ---- (a) the straightforward implementation: geolens.plain_model.PlainTransformer -----------------

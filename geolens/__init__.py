@@ -16,9 +16,10 @@ Public API (imported on first use, so `geolens --help` does not pay for importin
     compute_metrics            every analysis metric of one model (geolens.analysis)
 
 Modules: config, model, readout (the bounded readout's normalisation), cache, decompose, tasks,
-train, batched, fast (the exact fast path of one-layer models), plain_model (the plain-PyTorch
-reference), run, trajectory, analysis (metrics; definitions in docs/metrics.md), probe,
-run_analysis, report, plots, cli.
+train (the training loop), engine (device, forward engine, optimizer), recording (a run's records),
+batched, fast (the exact fast path of one-layer models), plain_model (the plain-PyTorch reference),
+run, trajectory, analysis (metrics; definitions in docs/metrics.md), probe, run_analysis, report,
+plots, cli; docs/architecture.md lists them all and shows how they fit together.
 """
 
 from importlib import import_module

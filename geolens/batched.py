@@ -1,6 +1,6 @@
 """Batched training: many members (seeds, and configs of one shape) as one stacked model in one process.
 
-Each member is its own GeoTransformer with its own torch AdamW (train.make_optimizer, the
+Each member is its own GeoTransformer with its own torch AdamW (engine.make_optimizer, the
 single run's optimizer). Every step `StackedForward` stacks the members' parameters over a
 leading member dimension ([S, *shape]) and computes the per-member logits: with the fast path
 (one-layer models, engine auto/fast) as one stacked computation (geolens.fast.stacked_fast_logits:
@@ -26,7 +26,6 @@ unrecorded copy of member 0 keeps a lone member company.
 
 from __future__ import annotations
 
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable
@@ -36,34 +35,17 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from geolens.config import GeoConfig
+from geolens.engine import choose_engine, make_optimizer, out_of_memory_as_error, preflight, training_device
 from geolens.errors import GeoError, warn
 from geolens.fast import stacked_fast_logits
 from geolens.integrity import resume_point
 from geolens.model import GeoTransformer
-from geolens.progress_bar import EpochProgress, sweep_stats
+from geolens.progress_bar import sweep_stats
+from geolens.recording import from_resume_state, metrics_row, run_header, squared_norms
 from geolens.runlock import NewRunClaim, RunLock
-from geolens.schedule import parse_schedule
-from geolens.storage import BackgroundWriter, RunDir, atomic_write_json, load_tensors
+from geolens.storage import RunDir, atomic_write_json, load_tensors
 from geolens.tasks import make_dataset
-from geolens.train import (
-    TrainResult,
-    choose_engine,
-    early_stop_due,
-    finish_run,
-    from_resume_state,
-    make_optimizer,
-    mark_started,
-    metrics_row,
-    onset_events,
-    optimizer_tensors,
-    out_of_memory_as_error,
-    preflight,
-    run_header,
-    squared_norms,
-    synchronize,
-    training_device,
-    write_checkpoint,
-)
+from geolens.train import Member, TrainResult, run_epochs
 
 #: config fields members of one batch may differ in; every other field must agree
 MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "beta1", "beta2", "early_stop_after", "preset")
@@ -200,82 +182,52 @@ def _train_stack(runs: list[RunDir], cfgs: list[GeoConfig], models: list[GeoTran
                  rows: list[list[dict]], manifests: list[list[dict]], prev_timing: list[dict], progress: bool,
                  on_eval: Callable[[int, list[bool]], None] | None, resumed: bool,
                  claims: list[NewRunClaim] | None = None) -> list[TrainResult]:
-    """The batched loop from epoch `start`: models[i] (with opts[i]) is member i for i < len(runs), any
-    further model an unrecorded passenger training on member 0's data; rows/manifests: each member's
-    so far; prev_timing: each member's run.json timing so far ({} for a new run); resumed: `start` was
-    evaluated (and checkpointed) before; claims: a new run's claims (NewRunClaim.started after each member's
-    first checkpoint)."""
+    """The batched loop from epoch `start` (train.run_epochs with StackedStep): models[i] (with opts[i])
+    is member i for i < len(runs), any further model an unrecorded passenger training on member 0's
+    data; rows/manifests: each member's so far; prev_timing: each member's run.json timing so far ({}
+    for a new run); resumed: `start` was evaluated (and checkpointed) before; claims: a new run's claims
+    (NewRunClaim.started after each member's first checkpoint)."""
     dev = next(models[0].parameters()).device
     S, R, cfg = len(models), len(runs), cfgs[0]
     data = [make_dataset(c) for c in _padded(cfgs, S)]
     train_x, test_x = [d.train[0].to(dev) for d in data], [d.test[0].to(dev) for d in data]
     train_y = torch.stack([d.train[1] for d in data]).to(dev)
     test_y = torch.stack([d.test[1] for d in data]).to(dev)
-    schedule = parse_schedule(cfg.checkpoints)
     forward = StackedForward(models)
-    why = f"{S} members stacked; {forward.why}"
-    headers = [run_header(c, f"{ENGINE}-{forward.engine}", why, train_y.shape[1], test_y.shape[1]) for c in cfgs]
-    timing = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0, "write_s": 0.0, "epochs_timed": 0, "members": S}
-    for r, h, prev in zip(runs, headers, prev_timing):
-        r.write_header({**h, "timing": _member_timing(timing, prev)})
-    elapsed0 = [rs[-1]["elapsed_s"] if rs else 0.0 for rs in rows]
-    results: list[TrainResult | None] = [None] * R
-    t_start = time.perf_counter()
-    epoch = start
-    bar = EpochProgress(cfg.epochs, start, progress, f"{R} x {cfg.preset or cfg.norm} {cfg.task} p={cfg.p}")
-    with BackgroundWriter() as writer, bar:
-        while True:
-            t0 = time.perf_counter()
-            logits = forward(train_x)
-            losses = member_losses(logits, train_y)
-            for opt in opts:
-                opt.zero_grad(set_to_none=True)
-            losses.sum().backward()
-            evaluate = (epoch % cfg.eval_every == 0 or epoch == cfg.epochs) and not (resumed and epoch == start)
-            if evaluate:
-                synchronize(dev)  # the queued training work counts as training time
-            t1 = time.perf_counter()
-            timing["train_s"] += t1 - t0
-            if evaluate:
-                new_rows = _evaluate(forward, models, epoch, losses, logits, train_y, test_x, test_y, t1 - t_start)[:R]
-                t2 = time.perf_counter()
-                timing["eval_s"] += t2 - t1
-                for i in (i for i in range(R) if results[i] is None):
-                    rows[i].append({**new_rows[i], "elapsed_s": new_rows[i]["elapsed_s"] + elapsed0[i]})
-                    events = onset_events(rows[i])
-                    done, stop_reason = epoch >= cfg.epochs, "completed"
-                    if early_stop_due(cfgs[i], epoch, events):
-                        done, stop_reason = True, "early_stop"
-                    last = manifests[i][-1] if manifests[i] else None
-                    member_timing = _member_timing(timing, prev_timing[i])
-                    if done or schedule.wants(epoch, last, rows[i][-1]):
-                        write_checkpoint(writer, runs[i], models[i].state_dict(), optimizer_tensors(models[i], opts[i]),
-                                         epoch, rows[i], manifests[i], events, headers[i], member_timing,
-                                         cfg.eval_every)
-                        if claims is not None and last is None:
-                            writer.submit(mark_started, claims[i], runs[i])
-                    if done:
-                        ev = finish_run(writer, runs[i], headers[i], rows[i], start, stop_reason, cfg.eval_every,
-                                        member_timing)
-                        results[i] = TrainResult(runs[i].path, rows[i], ev, f"{ENGINE}-{forward.engine}")
-                timing["ckpt_s"] += time.perf_counter() - t2
-                bar.update(epoch, sweep_stats([r["test_acc"] for r in new_rows], sum(r is None for r in results), R))
-                if on_eval is not None:
-                    on_eval(epoch, [r is not None for r in results])
-                if all(r is not None for r in results):
-                    break
-            t3 = time.perf_counter()
-            for opt in opts:
-                opt.step()
-            timing["train_s"] += time.perf_counter() - t3
-            timing["epochs_timed"] += 1
-            epoch += 1
-    return results  # type: ignore[return-value]
+    engine, why = f"{ENGINE}-{forward.engine}", f"{S} members stacked; {forward.why}"
+    members = [Member(runs[i], cfgs[i], models[i], opts[i], rows[i], manifests[i],
+                      run_header(cfgs[i], engine, why, train_y.shape[1], test_y.shape[1]), prev_timing[i],
+                      claims[i] if claims is not None else None) for i in range(R)]
+    step = StackedStep(forward, models, opts, R, train_x, train_y, test_x, test_y)
+    label = f"{R} x {cfg.preset or cfg.norm} {cfg.task} p={cfg.p}"
+    return run_epochs(members, step, start, resumed, engine, label,
+                      lambda new_rows, running: sweep_stats([r["test_acc"] for r in new_rows], running, R), progress,
+                      timing_extra={"members": S}, on_eval=on_eval)
 
 
-def _member_timing(timing: dict, prev: dict) -> dict:
-    """A member's run.json timing: its timing before this stack (prev; {} for a new run) plus this stack's."""
-    return {k: prev.get(k, 0) + v if k != "members" else v for k, v in timing.items()}
+class StackedStep:
+    """train.Step of the stacked models: StackedForward, the per-member mean cross-entropies summed
+    before backward (each member's .grad is its own gradient), every member's own AdamW."""
+
+    def __init__(self, forward: StackedForward, models: list[GeoTransformer], opts: list, recorded: int,
+                 train_x: list[Tensor], train_y: Tensor, test_x: list[Tensor], test_y: Tensor):
+        self.forward, self.models, self.opts, self.recorded = forward, models, opts, recorded
+        self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
+
+    def backward(self) -> None:
+        self.logits = self.forward(self.train_x)
+        self.losses = member_losses(self.logits, self.train_y)
+        for opt in self.opts:
+            opt.zero_grad(set_to_none=True)
+        self.losses.sum().backward()
+
+    def evaluate(self, epoch: int, elapsed: float) -> list[dict]:
+        return _evaluate(self.forward, self.models, epoch, self.losses, self.logits, self.train_y, self.test_x,
+                         self.test_y, elapsed)[: self.recorded]
+
+    def update(self) -> None:
+        for opt in self.opts:
+            opt.step()
 
 
 @torch.no_grad()

@@ -152,7 +152,7 @@ def rebuilt_manifest(run: RunDir, s: Survey) -> list[dict]:
 def repair(run: RunDir) -> list[str]:
     """Make the run directory consistent where that is exact; returns what was done (one line each).
     Raises GeoError naming what cannot be repaired."""
-    from geolens.train import finish_events
+    from geolens.recording import finish_events
 
     s = survey(run)
     if not s.problems:

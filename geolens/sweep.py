@@ -71,7 +71,7 @@ def finish_member(path: Path) -> None:
 def _finish(run: RunDir) -> None:
     from geolens.config import GeoConfig
     from geolens.storage import BackgroundWriter, load_tensors, write_metrics
-    from geolens.train import early_stop_due, finish_run, onset_events
+    from geolens.recording import early_stop_due, finish_run, onset_events
 
     header = run.read_header()
     cfg = GeoConfig.from_dict(header["config"])

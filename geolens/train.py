@@ -5,148 +5,48 @@ state gives the train loss/accuracy and the gradient norm, a no-grad forward giv
 metrics. A checkpoint (weights) is written when the schedule asks; the resume state (weights +
 AdamW state) is rewritten at every checkpoint so `resume` continues bit-identically. The files are
 written by a BackgroundWriter from snapshots taken at the checkpoint, while training goes on.
+
+run_epochs is the per-epoch skeleton of every training loop: a single run (train, resume) is a
+stack of one member with SingleStep; geolens.batched runs many members with its stacked step.
+The engine and device (geolens.engine) and the run's records (geolens.recording) live apart.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
 
-from geolens.config import GeoConfig, training_warnings
+from geolens.config import GeoConfig
+from geolens.engine import make_optimizer, out_of_memory_as_error, preflight, select_forward, synchronize, training_device
 from geolens.errors import GeoError, warn
 from geolens.integrity import resume_point
 from geolens.model import GeoTransformer
 from geolens.progress_bar import EpochProgress, run_stats
-from geolens.resources import check_fits, is_out_of_memory, out_of_memory_error
+from geolens.recording import (
+    early_stop_due,
+    finish_run,
+    from_resume_state,
+    mark_started,
+    metrics_row,
+    onset_events,
+    optimizer_tensors,
+    run_header,
+    squared_norms,
+    write_checkpoint,
+)
 from geolens.runlock import NewRunClaim, RunLock
 from geolens.schedule import parse_schedule
-from geolens.storage import (
-    BackgroundWriter,
-    RunDir,
-    atomic_write_json,
-    load_tensors,
-    package_versions,
-    save_tensors,
-    write_metrics,
-)
+from geolens.storage import BackgroundWriter, RunDir, atomic_write_json, load_tensors
 from geolens.tasks import make_dataset
 
-ONSET_ACC = 0.95
-SUSTAINED_ACC = 0.99
 RESUMABLE_FIELDS = ("epochs", "early_stop_after", "device")
 
 
-# ---- device and engine selection ----------------------------------------------------------
-def training_device(cfg: GeoConfig) -> torch.device:
-    """cfg.device as a torch.device; a GeoError if it names a GPU torch cannot see here."""
-    dev = torch.device(cfg.device)
-    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
-        raise GeoError(f"device = {cfg.device!r} but torch {torch.__version__} sees {torch.cuda.device_count()} CUDA "
-                       f"device(s) here; use --set device=cpu, or install a CUDA build of torch on a GPU machine")
-    return dev
-
-
-def synchronize(dev: torch.device) -> None:
-    """Wait for the work queued on a GPU (CUDA runs asynchronously; a no-op on the CPU)."""
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def choose_engine(cfg: GeoConfig) -> tuple[str, str]:
-    """('fast' | 'hooked', why). 'auto' takes the fast path when it supports the model."""
-    if cfg.engine == "hooked":
-        return "hooked", "engine=hooked requested"
-    from geolens.fast import fast_unsupported_reason
-
-    reason = fast_unsupported_reason(cfg)
-    if reason is None:
-        return "fast", "fast path supports this model"
-    if cfg.engine == "fast":
-        raise GeoError(f"engine=fast cannot run this model: {reason}; use --set engine=auto or engine=hooked")
-    return "hooked", f"fast path unsupported ({reason}); using the hooked forward"
-
-
-def select_forward(model: GeoTransformer) -> tuple[str, Callable[[Tensor], Tensor], str]:
-    """(engine name, forward(tokens) -> logits [batch, C] at `=`, why) for `model` (see choose_engine)."""
-    engine, why = choose_engine(model.cfg)
-    if engine == "hooked":
-        return engine, lambda tokens: model(tokens)[:, -1], why
-    from geolens.fast import fast_logits
-
-    return engine, lambda tokens: fast_logits(model, tokens), why
-
-
-# ---- events ----------------------------------------------------------------------------------
-def onset_events(rows: list[dict]) -> dict[str, int | None]:
-    """onset_095: first evaluated epoch with test acc > 0.95; sustained_099: first epoch after which
-    every evaluation has test acc >= 0.99 (None if the last one is below)."""
-    onset = next((r["epoch"] for r in rows if r["test_acc"] > ONSET_ACC), None)
-    sustained = None
-    for r in rows:
-        if r["test_acc"] >= SUSTAINED_ACC:
-            sustained = r["epoch"] if sustained is None else sustained
-        else:
-            sustained = None
-    return {"onset_095": onset, "sustained_099": sustained}
-
-
-def early_stop_due(cfg: GeoConfig, epoch: int, events: dict) -> bool:
-    """Whether `epoch` is at least cfg.early_stop_after epochs past sustained_099."""
-    sustained = events["sustained_099"]
-    return cfg.early_stop_after is not None and sustained is not None and epoch - sustained >= cfg.early_stop_after
-
-
-def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int) -> dict:
-    """run.json contents (without format and timing) of a run that is training."""
-    return {"config": cfg.to_dict(), "versions": package_versions(), "engine": engine, "engine_reason": why,
-            "n_train": n_train, "n_test": n_test, "status": "running"}
-
-
-# ---- optimizer state (de)serialisation -----------------------------------------------------
-def optimizer_tensors(model: GeoTransformer, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
-    out = {}
-    for name, param in model.named_parameters():
-        for key, value in opt.state.get(param, {}).items():
-            out[f"opt.{name}.{key}"] = value if isinstance(value, Tensor) else torch.tensor(value)
-    return out
-
-
-def load_optimizer_tensors(model: GeoTransformer, opt: torch.optim.Optimizer, tensors: dict[str, Tensor]) -> None:
-    for name, param in model.named_parameters():
-        prefix = f"opt.{name}."
-        state = {k[len(prefix) :]: v.to(param.device, copy=True) for k, v in tensors.items() if k.startswith(prefix)}
-        if state:
-            opt.state[param] = state
-
-
-def from_resume_state(cfg: GeoConfig, state: dict[str, Tensor], dev: torch.device) -> tuple[GeoTransformer, torch.optim.AdamW]:
-    """The model (on `dev`) and its AdamW with the weights and optimizer state of a resume state."""
-    model = GeoTransformer(cfg)
-    model.load_state_dict({k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
-    model.to(dev)
-    opt = make_optimizer(model)
-    load_optimizer_tensors(model, opt, state)
-    return model, opt
-
-
-def make_optimizer(model: GeoTransformer, capturable: bool = False) -> torch.optim.AdamW:
-    """AdamW with the config's hyperparameters, fused (one kernel for all parameters; deterministic,
-    so a resumed run still equals an uninterrupted one bit for bit); capturable: its step can be
-    recorded in a CUDA graph."""
-    cfg = model.cfg
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             weight_decay=cfg.weight_decay, fused=True, capturable=capturable)
-
-
-# ---- the loop --------------------------------------------------------------------------------
 @dataclass
 class TrainResult:
     path: Path
@@ -155,25 +55,149 @@ class TrainResult:
     engine: str
 
 
-def preflight(cfg: GeoConfig, dev: torch.device, members: int = 1) -> str:
-    """Checks made before anything is written: the engine (choose_engine), and that the run fits in
-    memory here (a GeoError if not); warns about settings that are probably not what was meant.
-    Returns the engine name."""
-    engine, _ = choose_engine(cfg)
-    for message in training_warnings(cfg) + check_fits(cfg, engine, dev, members):
-        warn(message)
-    return engine
+# ---- the per-epoch skeleton shared by the single-run and the batched loops --------------------
+class Step(Protocol):
+    """The engine-specific part of a loop, over all the models it trains."""
+
+    def backward(self) -> None:
+        """Training forward at the current weights and backward (fills every parameter's .grad)."""
+
+    def evaluate(self, epoch: int, elapsed: float) -> list[dict]:
+        """The metrics rows of the recorded members at this state (from the last backward's forward
+        and a test forward); elapsed: seconds since the loop started."""
+
+    def update(self) -> None:
+        """The optimizer step of every model."""
 
 
-@contextmanager
-def out_of_memory_as_error(cfg: GeoConfig, engine: str):
-    """Turn an allocation failure inside the block into a one-line GeoError."""
-    try:
-        yield
-    except (RuntimeError, MemoryError) as e:
-        if is_out_of_memory(e):
-            raise out_of_memory_error(cfg, engine) from None
-        raise
+@dataclass
+class Member:
+    """One recorded run of a loop: its directory, config, model and optimizer, its records so far
+    (rows, manifest), run.json's header (recording.run_header), its run.json timing before this
+    loop (prev_timing; {} for a new run) and, for a new run, its claim on the run directory."""
+
+    run: RunDir
+    cfg: GeoConfig
+    model: GeoTransformer
+    opt: torch.optim.Optimizer
+    rows: list[dict]
+    manifest: list[dict]
+    header: dict
+    prev_timing: dict
+    claim: NewRunClaim | None = None
+    stop_reason: str | None = None  # set when the member is done: "completed" or "early_stop"
+    events: dict | None = None  # its final events, once finished
+
+
+def run_epochs(members: list[Member], step: Step, start: int, resumed: bool, engine: str, label: str,
+               describe: Callable[[list[dict], int], str], progress: bool, timing_extra: dict | None = None,
+               on_eval: Callable[[int, list[bool]], None] | None = None) -> list[TrainResult]:
+    """Train from epoch `start` until every member is finished; returns each member's TrainResult.
+
+    Every epoch: step.backward(); on the eval schedule (every cfg.eval_every epochs and the last,
+    except `start` when resumed: it was evaluated before) the members' metrics rows
+    (step.evaluate), and for each member still running its row, onset events, early stop, a
+    checkpoint when its schedule asks or it is done (queued on one BackgroundWriter; a new run's
+    claim swaps it into place after its first one), its final records once done; then the progress bar
+    (label; describe(rows, members running)) and on_eval(epoch, done flags); then step.update().
+    A finished member is no longer recorded; the step goes on until every member is done.
+
+    Timing: train_s (backward and update; queued GPU work is waited for before each evaluation),
+    eval_s, ckpt_s, epochs_timed, plus timing_extra, added to each member's prev_timing.
+    An exception (KeyboardInterrupt from Ctrl-C, or SIGTERM through the CLI's handler) leaves the
+    loop after the queued writes finish: the last checkpoint written is what a resume continues from.
+    """
+    cfg = members[0].cfg
+    dev = next(members[0].model.parameters()).device
+    schedule = parse_schedule(cfg.checkpoints)
+    timing = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0, "write_s": 0.0, "epochs_timed": 0, **(timing_extra or {})}
+    for m in members:
+        m.run.write_header({**m.header, "timing": _run_timing(timing, m.prev_timing)})
+    elapsed0 = [m.rows[-1]["elapsed_s"] if m.rows else 0.0 for m in members]
+    bar = EpochProgress(cfg.epochs, start, progress, label)
+    t_start = time.perf_counter()
+    epoch = start
+    with BackgroundWriter() as writer, bar:
+        while True:
+            t0 = time.perf_counter()
+            step.backward()
+            evaluate = (epoch % cfg.eval_every == 0 or epoch == cfg.epochs) and not (resumed and epoch == start)
+            if evaluate:
+                synchronize(dev)  # the queued training work counts as training time
+            t1 = time.perf_counter()
+            timing["train_s"] += t1 - t0
+            if evaluate:
+                rows = step.evaluate(epoch, t1 - t_start)
+                t2 = time.perf_counter()
+                timing["eval_s"] += t2 - t1
+                running = [m for m in members if m.stop_reason is None]
+                for m, row, e0 in zip(members, rows, elapsed0):
+                    if m.stop_reason is None:
+                        _record(writer, m, {**row, "elapsed_s": row["elapsed_s"] + e0}, epoch, schedule,
+                                _run_timing(timing, m.prev_timing))
+                timing["ckpt_s"] += time.perf_counter() - t2
+                for m in running:
+                    if m.stop_reason is not None:
+                        m.events = finish_run(writer, m.run, m.header, m.rows, start, m.stop_reason, cfg.eval_every,
+                                              _run_timing(timing, m.prev_timing))
+                done = [m.stop_reason is not None for m in members]
+                bar.update(epoch, describe(rows, done.count(False)))
+                if on_eval is not None:
+                    on_eval(epoch, done)
+                if all(done):
+                    break
+            t3 = time.perf_counter()
+            step.update()
+            timing["train_s"] += time.perf_counter() - t3
+            timing["epochs_timed"] += 1
+            epoch += 1
+    # after the writer has finished: a new run's path is final once its claim swapped it into place
+    return [TrainResult(m.run.path, m.rows, m.events, engine) for m in members]
+
+
+def _record(writer: BackgroundWriter, m: Member, row: dict, epoch: int, schedule, timing: dict) -> None:
+    """Add member m's metrics row at `epoch`; checkpoint it if the schedule asks or it is done (early
+    stop or the last epoch: then m.stop_reason says which)."""
+    m.rows.append(row)
+    events = onset_events(m.rows)
+    done, stop_reason = epoch >= m.cfg.epochs, "completed"
+    if early_stop_due(m.cfg, epoch, events):
+        done, stop_reason = True, "early_stop"
+    last = m.manifest[-1] if m.manifest else None
+    if done or schedule.wants(epoch, last, row):
+        write_checkpoint(writer, m.run, m.model.state_dict(), optimizer_tensors(m.model, m.opt), epoch, m.rows,
+                         m.manifest, events, m.header, timing, m.cfg.eval_every)
+        if m.claim is not None and last is None:
+            writer.submit(mark_started, m.claim, m.run)
+    if done:
+        m.stop_reason = stop_reason
+
+
+def _run_timing(timing: dict, prev: dict) -> dict:
+    """A member's run.json timing: its timing before this loop (prev; {} for a new run) plus this loop's."""
+    return {k: prev.get(k, 0) + v if k != "members" else v for k, v in timing.items()}
+
+
+# ---- the single run ----------------------------------------------------------------------------
+class SingleStep:
+    """Step of one model: its forward (select_forward's engine), mean cross-entropy, its AdamW."""
+
+    def __init__(self, model: GeoTransformer, opt: torch.optim.Optimizer, forward, train_x, train_y, test_x, test_y):
+        self.model, self.opt, self.forward = model, opt, forward
+        self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
+
+    def backward(self) -> None:
+        self.logits = self.forward(self.train_x)
+        self.loss = F.cross_entropy(self.logits, self.train_y)
+        self.opt.zero_grad(set_to_none=True)
+        self.loss.backward()
+
+    def evaluate(self, epoch: int, elapsed: float) -> list[dict]:
+        return [_evaluate(self.model, self.forward, epoch, self.loss, self.logits, self.train_y, self.test_x,
+                          self.test_y, elapsed)]
+
+    def update(self) -> None:
+        self.opt.step()
 
 
 def train(cfg: GeoConfig, out: str | Path, force: bool = False, progress: bool = True) -> TrainResult:
@@ -215,104 +239,21 @@ def resume(out: str | Path, progress: bool = True, **changes) -> TrainResult:
         return _loop(run, model, opt, start=step, rows=rows, manifest=manifest, progress=progress, resumed=True)
 
 
-def mark_started(claim: NewRunClaim, run: RunDir) -> None:
-    """Writer job after a new run's first checkpoint: the claim swaps it into place; later writes follow."""
-    claim.started()
-    run.path = claim.path
-
-
 def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progress: bool, resumed: bool = False,
-          claim: NewRunClaim | None = None):
+          claim: NewRunClaim | None = None) -> TrainResult:
     cfg = model.cfg
     torch.manual_seed(cfg.seed)
     data = make_dataset(cfg)
     dev = next(model.parameters()).device
     train_x, train_y, test_x, test_y = (t.to(dev) for t in (*data.train, *data.test))
     engine, forward, why = select_forward(model)
-    schedule = parse_schedule(cfg.checkpoints)
-    last_ckpt = manifest[-1] if manifest else None
-    header = run_header(cfg, engine, why, len(train_y), len(test_y))
     prev_timing = run.read_header().get("timing", {}) if resumed else {}
-    timing = {"train_s": prev_timing.get("train_s", 0.0), "eval_s": prev_timing.get("eval_s", 0.0),
-              "ckpt_s": prev_timing.get("ckpt_s", 0.0), "write_s": prev_timing.get("write_s", 0.0),
-              "epochs_timed": prev_timing.get("epochs_timed", 0)}
-    run.write_header({**header, "timing": timing})
-    bar = EpochProgress(cfg.epochs, start, enabled=progress, label=f"{cfg.preset or cfg.norm} {cfg.task} p={cfg.p}")
-    stop_reason = "completed"
-    t_start = time.perf_counter() - (rows[-1]["elapsed_s"] if rows else 0.0)
-    epoch = start
-    with BackgroundWriter() as writer, bar:
-        while True:
-            t0 = time.perf_counter()
-            logits = forward(train_x)
-            loss = F.cross_entropy(logits, train_y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            evaluate = (epoch % cfg.eval_every == 0 or epoch == cfg.epochs) and not (resumed and epoch == start)
-            if evaluate:
-                synchronize(dev)  # the queued training work counts as training time
-            t1 = time.perf_counter()
-            timing["train_s"] += t1 - t0
-            if evaluate:
-                row = _evaluate(model, forward, epoch, loss, logits, train_y, test_x, test_y, t1 - t_start)
-                rows.append(row)
-                t2 = time.perf_counter()
-                timing["eval_s"] += t2 - t1
-                events = onset_events(rows)
-                done = epoch >= cfg.epochs
-                if early_stop_due(cfg, epoch, events):
-                    done, stop_reason = True, "early_stop"
-                if done or schedule.wants(epoch, last_ckpt, row):
-                    _checkpoint(writer, run, model, opt, epoch, rows, manifest, events, header, timing)
-                    if claim is not None and last_ckpt is None:
-                        writer.submit(mark_started, claim, run)
-                    last_ckpt = manifest[-1]
-                timing["ckpt_s"] += time.perf_counter() - t2
-                bar.update(epoch, run_stats(row))
-                if done:
-                    break
-            t3 = time.perf_counter()
-            opt.step()
-            timing["train_s"] += time.perf_counter() - t3
-            timing["epochs_timed"] += 1
-            epoch += 1
-        events = finish_run(writer, run, header, rows, start, stop_reason, cfg.eval_every, timing)
-    return TrainResult(run.path, rows, events, engine)
-
-
-def finish_run(writer: BackgroundWriter, run: RunDir, header: dict, rows: list, start: int, stop_reason: str,
-               eval_every: int, timing: dict) -> dict:
-    """Queue the final events.json and the finished run.json on `writer`; returns the events."""
-    events = finish_events(rows, stop_reason, eval_every, start)
-    timing = {**timing, "ms_per_epoch": 1000 * timing["train_s"] / max(timing["epochs_timed"], 1)}
-    writer.submit(_write_finish, writer, run, dict(events), {**header, "status": "finished", "stop_reason": stop_reason,
-                                                             "timing": timing})
-    return events
-
-
-def finish_events(rows: list[dict], stop_reason: str, eval_every: int, start: int = 0) -> dict:
-    """events.json of a finished run: onset_events of its metrics rows, how and where it ended."""
-    return {**onset_events(rows), "stop_reason": stop_reason, "final_epoch": rows[-1]["epoch"] if rows else start,
-            "eval_every": eval_every}
-
-
-def _write_finish(writer: BackgroundWriter, run: RunDir, events: dict, header: dict) -> None:
-    atomic_write_json(run.events_json, events)
-    _write_header(writer, run, header)
-
-
-def _write_header(writer: BackgroundWriter, run: RunDir, header: dict) -> None:
-    """run.json from a job on `writer`: its timing's write_s (the value when training started) plus the
-    writer's time so far."""
-    timing = header["timing"]
-    run.write_header({**header, "timing": {**timing, "write_s": timing["write_s"] + writer.busy_s}})
-
-
-def squared_norms(model: GeoTransformer) -> Tensor:
-    """[2, n_params] on the model's device: each parameter's and each gradient's squared L2 norm (0 without a grad)."""
-    params = list(model.parameters())
-    return torch.stack([torch.stack([p.pow(2).sum() for p in params]),
-                        torch.stack([p.new_zeros(()) if p.grad is None else p.grad.pow(2).sum() for p in params])])
+    member = Member(run, cfg, model, opt, rows, manifest, run_header(cfg, engine, why, len(train_y), len(test_y)),
+                    prev_timing, claim)
+    step = SingleStep(model, opt, forward, train_x, train_y, test_x, test_y)
+    label = f"{cfg.preset or cfg.norm} {cfg.task} p={cfg.p}"
+    return run_epochs([member], step, start, resumed, engine, label, lambda rows, active: run_stats(rows[0]),
+                      progress)[0]
 
 
 @torch.no_grad()
@@ -323,56 +264,3 @@ def _evaluate(model, forward, epoch, loss, logits, train_y, test_x, test_y, elap
                          (test_logits.argmax(-1) == test_y).float().mean(),
                          torch.maximum(logits.abs().max(), test_logits.abs().max())])
     return metrics_row(epoch, stats.tolist(), squared_norms(model).tolist(), elapsed)
-
-
-def metrics_row(epoch: int, stats: list[float], norms: list[list[float]], elapsed: float) -> dict:
-    """A metrics.csv row from stats (train loss, train acc, test loss, test acc, max |logit|) and
-    norms (squared_norms: the parameters' and the gradients' squared norms)."""
-    train_loss, train_acc, test_loss, test_acc, max_logit = stats
-    w_sq, g_sq = norms
-    return {
-        "epoch": epoch,
-        "train_loss": train_loss,
-        "train_acc": train_acc,
-        "test_loss": test_loss,
-        "test_acc": test_acc,
-        "weight_norm": math.sqrt(sum(w_sq)),
-        "grad_norm": math.sqrt(sum(g_sq)),
-        "max_abs_logit": max_logit,
-        "elapsed_s": elapsed,
-    }
-
-
-def _checkpoint(writer, run: RunDir, model, opt, epoch, rows, manifest, events, header, timing) -> None:
-    write_checkpoint(writer, run, model.state_dict(), optimizer_tensors(model, opt), epoch, rows, manifest, events,
-                     header, timing, model.cfg.eval_every)
-
-
-def snapshot(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-    """CPU copies of `tensors`: what a queued write may hold while training changes the originals."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in tensors.items()}
-
-
-def write_checkpoint(writer: BackgroundWriter, run: RunDir, weights: dict[str, Tensor], opt_state: dict[str, Tensor],
-                     epoch: int, rows: list, manifest: list, events: dict, header: dict, timing: dict,
-                     eval_every: int) -> None:
-    """Checkpoint `epoch`: snapshot the weights (a state_dict), the optimizer state (opt.<param>.<key>),
-    rows, events and timing now, add the manifest entry, and queue the writes on `writer`."""
-    row = rows[-1]
-    manifest.append(run.manifest_entry(epoch, {k: row[k] for k in ("train_loss", "train_acc", "test_loss", "test_acc")}))
-    writer.submit(_write_checkpoint, writer, run, snapshot(weights), snapshot(opt_state), epoch, list(rows),
-                  list(manifest), {**events, "eval_every": eval_every}, {**header, "timing": dict(timing)})
-
-
-def _write_checkpoint(writer: BackgroundWriter, run: RunDir, weights: dict[str, Tensor], opt_state: dict[str, Tensor],
-                      epoch: int, rows: list, manifest: list, events: dict, header: dict) -> None:
-    """Metrics, events, the step's weights, the manifest, then the resume state (weights as model.*, the
-    optimizer state) and run.json, in that order, so everything a resume state refers to is on disk before it."""
-    write_metrics(run.metrics_csv, rows)
-    atomic_write_json(run.events_json, events)
-    run.save_checkpoint(epoch, weights, manifest)
-    state = {f"model.{k}": v for k, v in weights.items()}
-    state.update(opt_state)
-    state["epoch"] = torch.tensor(epoch)
-    save_tensors(run.resume_file, state)
-    _write_header(writer, run, header)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from geolens import recording
 from geolens import train as training
 from geolens.batched import check_members, train_batched
 from geolens.cli import app
@@ -90,7 +91,7 @@ def test_member_dirs_load_and_resume(tmp_path):
 def test_early_stop_is_per_member(tmp_path, monkeypatch):
     # with the "sustained" threshold at 0 every member is sustained from epoch 0, so each stops
     # after its own early_stop_after while the batch runs on for the others
-    monkeypatch.setattr(training, "SUSTAINED_ACC", 0.0)
+    monkeypatch.setattr(recording, "SUSTAINED_ACC", 0.0)
     base = make_config("ln", **{**TINY, "lr": 3e-3, "epochs": 40})
     cfgs = [base.replace(seed=s, data_seed=s, early_stop_after=n) for s, n in ((1, 10), (2, 25), (3, None))]
     results = train_batched(cfgs, [tmp_path / f"m{c.seed}" for c in cfgs], progress=False)

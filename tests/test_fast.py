@@ -20,7 +20,7 @@ from geolens.errors import GeoError
 from geolens.fast import fast_eq_forward, fast_flops, fast_logits, fast_unsupported_reason, stacked_fast_logits
 from geolens.model import GeoTransformer
 from geolens.tasks import make_dataset
-from geolens.train import choose_engine
+from geolens.engine import choose_engine
 
 TOL = 1e-5
 SMALL = dict(p=23, n_perm=4, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5)

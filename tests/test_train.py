@@ -14,7 +14,7 @@ from geolens.errors import GeoError
 from geolens.run import load_run
 from geolens.schedule import parse_schedule
 from geolens.storage import load_tensors, read_metrics
-from geolens.train import onset_events
+from geolens.recording import onset_events
 
 TINY = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, lr=1e-3)
 
