@@ -124,19 +124,24 @@ def tensors_header(path: Path) -> tuple[dict[str, Any], int]:
     file whose size is exactly 8 + header length + the data its tensors declare. Raises
     FileNotFoundError or CorruptTensors; reads only the header."""
     with open(path, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptTensors("not a regular file")
-        head = f.read(8)
-        if len(head) < 8:
-            raise CorruptTensors(f"{st.st_size} bytes: too short for a header")
-        n = struct.unpack("<Q", head)[0]
-        if n > min(MAX_HEADER_BYTES, st.st_size - 8):
-            raise CorruptTensors(f"declares a {n}-byte header in a {st.st_size}-byte file")
-        try:
-            header = json.loads(f.read(n).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise CorruptTensors("unreadable header") from None
+        return _read_header(f)
+
+
+def _read_header(f) -> tuple[dict[str, Any], int]:
+    """tensors_header of the open binary file f (read from its start)."""
+    st = os.fstat(f.fileno())
+    if not stat.S_ISREG(st.st_mode):
+        raise CorruptTensors("not a regular file")
+    head = f.read(8)
+    if len(head) < 8:
+        raise CorruptTensors(f"{st.st_size} bytes: too short for a header")
+    n = struct.unpack("<Q", head)[0]
+    if n > min(MAX_HEADER_BYTES, st.st_size - 8):
+        raise CorruptTensors(f"declares a {n}-byte header in a {st.st_size}-byte file")
+    try:
+        header = json.loads(f.read(n).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CorruptTensors("unreadable header") from None
     if not isinstance(header, dict):
         raise CorruptTensors("unreadable header")
     try:
@@ -153,8 +158,9 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file, reading no more than the size its header declares."""
     run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     try:
-        _, size = tensors_header(path)
-        with open(path, "rb") as f:
+        with open(path, "rb") as f:  # one open file: a writer replacing the path cannot mix two versions
+            _, size = _read_header(f)
+            f.seek(0)
             data = f.read(size)
         return st_load(data)
     except FileNotFoundError:

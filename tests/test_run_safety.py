@@ -421,3 +421,24 @@ def test_steps_outside_the_trajectory_are_refused(tmp_path, geolens):
     with pytest.raises(GeoError, match="not an integer epoch"):
         load_run(out).probe("400")
     assert RunDir(out).exists() and read_metrics(out / "metrics.csv")[-1]["epoch"] == 10
+
+
+def test_a_checkpoint_replaced_while_it_is_read_is_read_whole(tmp_path, monkeypatch):
+    # a reader of a training run (resume state, a sweep's poll) can meet the writer's atomic replace
+    # between the header and the data: it must get one version whole, never a mix
+    from safetensors.torch import save_file
+
+    import geolens.storage as storage
+
+    path = tmp_path / "resume.safetensors"
+    save_file({"w": torch.zeros(3)}, str(path))
+    real = storage._read_header
+
+    def replaced_after_header(f):
+        found = real(f)
+        save_file({"w": torch.ones(50), "m": torch.ones(50)}, str(tmp_path / "new"))
+        os.replace(tmp_path / "new", path)  # what atomic_write does
+        return found
+
+    monkeypatch.setattr(storage, "_read_header", replaced_after_header)
+    assert load_tensors(path)["w"].tolist() == [0.0, 0.0, 0.0]
