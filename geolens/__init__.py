@@ -12,9 +12,10 @@ Public API (imported on first use, so `geolens --help` does not pay for importin
     Dataset, make_dataset      a task's inputs, labels and seeded train/test split
     Run, load_run              a trained run directory: metrics, checkpoints, model_at, analyze, probe
     compute_metrics            every analysis metric of one model (geolens.analysis)
+    reference_run              a shipped reference trajectory from checkpoints/ ('fb', 'ln'; geolens.shipped)
 
 Modules: config, model, cache, decompose, tasks, train, batched, fast, run, trajectory,
-analysis (metrics; definitions in docs/metrics.md), probe, report, plots, cli.
+analysis (metrics; definitions in docs/metrics.md), probe, report, plots, export, shipped, cli.
 """
 
 from importlib import import_module
@@ -31,6 +32,7 @@ _EXPORTS = {
     "Run": "geolens.run",
     "load_run": "geolens.run",
     "compute_metrics": "geolens.analysis",
+    "reference_run": "geolens.shipped",
 }
 __all__ = list(_EXPORTS)
 
