@@ -14,11 +14,13 @@ Public API (imported on first use, so `geolens --help` does not pay for importin
                                model_at, dataset), AnalysisRun adds analyze and probe;
                                load_run(path) opens one as an AnalysisRun
     compute_metrics            every analysis metric of one model (geolens.analysis)
+    reference_run              a shipped reference trajectory from checkpoints/ ('fb', 'ln'; geolens.shipped)
 
 Modules: config, model, readout (the bounded readout's normalisation), cache, decompose, tasks,
 train, batched, fast (the exact fast path of one-layer models), plain_model (the plain-PyTorch
 reference), run, trajectory, analysis (metrics; definitions in docs/metrics.md), probe,
-run_analysis, report, plots, cli.
+run_analysis, report, plots, export (trimmed copies of runs), shipped (the
+reference trajectories in checkpoints/), cli.
 """
 
 from importlib import import_module
@@ -36,6 +38,7 @@ _EXPORTS = {
     "AnalysisRun": "geolens.run_analysis",
     "load_run": "geolens.run_analysis",
     "compute_metrics": "geolens.analysis",
+    "reference_run": "geolens.shipped",
 }
 __all__ = list(_EXPORTS)
 
