@@ -2,6 +2,7 @@
 reference trajectories in checkpoints/."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -165,9 +166,10 @@ def _skipped(run, step) -> set[str]:
     return {n for n, e in entries.items() if "skipped" in e}
 
 
-def test_shipped_trajectory_analysed_without_writing_and_in_place_from_cache(tmp_path, monkeypatch, geolens):
+@pytest.mark.parametrize("name", sorted(REFERENCE_RUNS))
+def test_shipped_trajectory_analysed_without_writing_and_in_place_from_cache(name, tmp_path, monkeypatch, geolens):
     monkeypatch.delenv("GEOLENS_CHECKPOINTS", raising=False)
-    shipped = reference_path("fb")
+    shipped = reference_path(name)
     before = tree(shipped)
     r = geolens("analyze", "--run", shipped, "--out", tmp_path / "out", "--static", "", "--quiet")
     assert r.returncode == 0 and "0 metric evaluations computed" in r.stdout, r.stdout + r.stderr
@@ -181,3 +183,28 @@ def test_shipped_trajectory_analysed_without_writing_and_in_place_from_cache(tmp
     r = geolens("analyze", "--run", clone, "--static", "", "--quiet")
     assert r.returncode == 0 and "0 metric evaluations computed" in r.stdout
     assert (clone / "analysis" / "metrics.csv").read_bytes() == (shipped / "analysis" / "metrics.csv").read_bytes()
+
+
+def test_a_read_only_copy_of_a_shipped_trajectory_is_analysed_elsewhere(tmp_path, monkeypatch, geolens):
+    """chmod -R a-w on a copy: analyze --out and probe work and change nothing; without --out the
+    analysis is refused with the fix (only checked when not root: root writes through a-w)."""
+    monkeypatch.delenv("GEOLENS_CHECKPOINTS", raising=False)
+    copy = tmp_path / "ro"
+    shutil.copytree(reference_path("ln"), copy)
+    for p in [copy, *copy.rglob("*")]:
+        p.chmod(p.stat().st_mode & ~0o222)
+    try:
+        before = tree(copy)
+        r = geolens("analyze", "--run", copy, "--out", tmp_path / "out", "--metrics", "loss,clock_pizza", "--static", "",
+                    "--quiet")
+        assert r.returncode == 0 and "0 metric evaluations computed" in r.stdout, r.stdout + r.stderr
+        r = geolens("probe", "--run", copy, "--step", "0")
+        assert r.returncode == 0 and "epoch 0" in r.stdout
+        assert tree(copy) == before
+        if os.geteuid() != 0:
+            r = geolens("analyze", "--run", copy, "--static", "", "--quiet")
+            assert r.returncode == 2 and "pass --out DIR" in one_line_error(r.stderr)
+            assert tree(copy) == before
+    finally:
+        for p in [copy, *copy.rglob("*")]:
+            p.chmod(p.stat().st_mode | 0o200)
