@@ -14,12 +14,14 @@ Public API (imported on first use, so `geolens --help` does not pay for importin
                                model_at, dataset), AnalysisRun adds analyze and probe;
                                load_run(path) opens one as an AnalysisRun
     compute_metrics            every analysis metric of one model (geolens.analysis)
+    reference_run              a shipped reference trajectory from checkpoints/ ('fb', 'ln'; geolens.shipped)
 
 Modules: config, model, readout (the bounded readout's normalisation), cache, decompose, tasks,
 train (the training loop), engine (device, forward engine, optimizer), recording (a run's records),
 batched, fast (the exact fast path of one-layer models), plain_model (the plain-PyTorch reference),
 run, trajectory, analysis (metrics; definitions in docs/metrics.md), probe, run_analysis, report,
-plots, cli; docs/architecture.md lists them all and shows how they fit together.
+plots, export (trimmed copies of runs), shipped (the reference trajectories in checkpoints/), cli;
+docs/architecture.md lists them all and shows how they fit together.
 """
 
 from importlib import import_module
@@ -37,6 +39,7 @@ _EXPORTS = {
     "AnalysisRun": "geolens.run_analysis",
     "load_run": "geolens.run_analysis",
     "compute_metrics": "geolens.analysis",
+    "reference_run": "geolens.shipped",
 }
 __all__ = list(_EXPORTS)
 

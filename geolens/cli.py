@@ -1,4 +1,4 @@
-"""The `geolens` command line: train, sweep, info, analyze, probe, table, figures."""
+"""The `geolens` command line: train, sweep, info, repair, export, analyze, probe, table, figures."""
 
 from __future__ import annotations
 
@@ -189,6 +189,24 @@ def repair(run: Path = typer.Option(..., help="Run directory.")) -> None:
         done = repair_run(RunDir(run))
     for line in done or [f"{run} is consistent; nothing to repair"]:
         console.print(line)
+
+
+@app.command()
+def export(
+    run: Path = typer.Option(..., help="Finished run directory to copy from."),
+    out: Path = typer.Option(..., help="New folder for the trimmed copy (refused if it exists)."),
+    steps: str = typer.Option(..., help="Comma-separated checkpointed epochs to keep (epoch 0 and the last "
+                              "checkpoint are always kept)."),
+) -> None:
+    """Write a trimmed copy of a run for shipping: run.json, metrics.csv, events.json and the chosen
+    checkpoints; no resume state (analysis only)."""
+    from geolens.export import export_run
+    from geolens.run import load_run
+
+    done = load_run(export_run(run, out, _ints(steps, "--steps")))
+    size = sum(f.stat().st_size for f in done.path.rglob("*") if f.is_file())
+    console.print(f"exported {len(done.steps)} checkpoints (epochs {', '.join(map(str, done.steps))}) to {out}, "
+                  f"{size / 1e6:.1f} MB; analyse it with `geolens analyze --run {out}`")
 
 
 @app.command()

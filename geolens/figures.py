@@ -5,6 +5,7 @@ Each figure is a plots.FigureSpec built by one function from data that tests can
                        (all epochs, and the first 5,000)
     uniform_attention  train and test accuracy of every uniform-attention run, one panel per configuration
     wl_spectrum        each configuration's W_L Fourier spectrum as shares of its non-DC energy, one y scale
+                       (spectrum_comparison: the same figure for any runs, e.g. LayerNorm vs sphere)
     fve_keys           fve_paper (U and V, percent) per key frequency, one panel per configuration
     onsets             every seed's onset (peak test accuracy for the uniform-attention tables) per
                        configuration, with the paper's mean and range; the same numbers as `geolens table`
@@ -133,9 +134,11 @@ def paper_markers(row, x: float, first: bool) -> list[Line]:
 
 
 # ---- one checkpoint per configuration -------------------------------------------------------------
-def analysis_step(run: Run, at: str) -> int:
+def analysis_step(run: Run, at: str | int) -> int:
     """'final': the last checkpoint; 'first099': the first checkpoint with test accuracy >= 0.99 (the
-    paper's section 4.3 stops its seed there), else the last."""
+    paper's section 4.3 stops its seed there), else the last; an epoch: the nearest checkpoint."""
+    if not isinstance(at, str):
+        return run.nearest_step(at)
     if at not in AT_CHOICES:
         raise GeoError(f"at = '{at}' is not known; choose one of {', '.join(AT_CHOICES)}")
     manifest = run.manifest
@@ -168,13 +171,19 @@ class Snapshot:
         return f"{self.group.full_label}, seed {self.run.config.seed}, epoch {self.step} (test acc {self.test_acc:.3f})"
 
 
-def snapshot(group: RunGroup, at: str = "first099") -> Snapshot:
+def snapshot(group: RunGroup, at: str | int = "first099") -> Snapshot:
     """The spectrum and FVE of the group's representative run at analysis_step(run, at)."""
+    return run_snapshot(group.representative, at, group)
+
+
+def run_snapshot(run: Run, at: str | int = "first099", group: RunGroup | None = None) -> Snapshot:
+    """The spectrum and FVE of `run` at analysis_step(run, at); group: the configuration it stands
+    for (default: a group of this run alone)."""
     from geolens.analysis import AnalysisContext, compute_metrics
     from geolens.analysis.context import N_KEYS
     from geolens.analysis.keyfreq import wl_energy_shares
 
-    run = group.representative
+    group = group or RunGroup(run.config, [run])
     step = analysis_step(run, at)
     ctx = AnalysisContext(run.model_at(step), run.config, run.dataset)  # one forward for the FVE and the loss
     with torch.no_grad():
@@ -187,7 +196,20 @@ def snapshot(group: RunGroup, at: str = "first099") -> Snapshot:
                     [fve[f"fve_paper_U_{r}"] for r in ranks], [fve[f"fve_paper_V_{r}"] for r in ranks])
 
 
-def fig_spectrum(snaps: Sequence[Snapshot], colors: dict[int, str], at: str) -> FigureSpec | None:
+def spectrum_comparison(runs: Sequence[Run], at: str | int = "first099") -> tuple[list[Snapshot], FigureSpec]:
+    """The W_L spectra of `runs` side by side, comparable across readouts and norms (e.g. LayerNorm
+    with a raw readout against the sphere with a bounded one): each spectrum is the share of its own
+    non-DC W_L energy per frequency (keyfreq.wl_energy_shares, sums to 1), drawn on one y scale.
+    at: 'first099', 'final' or an epoch (nearest checkpoint), per run. Returns the snapshots (shares,
+    key frequencies, FVE per key, step) and the figure (the `wl_spectrum` figure of `geolens figures`)."""
+    if not runs:
+        raise GeoError("spectrum_comparison needs at least one run")
+    snaps = [run_snapshot(run, at) for run in runs]
+    colors = {id(s.group): PALETTE[i % len(PALETTE)] for i, s in enumerate(snaps)}
+    return snaps, fig_spectrum(snaps, colors, at)
+
+
+def fig_spectrum(snaps: Sequence[Snapshot], colors: dict[int, str], at: str | int) -> FigureSpec | None:
     """Side by side, one y scale: each configuration's share of W_L's non-DC energy per frequency."""
     if not snaps:
         return None
@@ -198,7 +220,7 @@ def fig_spectrum(snaps: Sequence[Snapshot], colors: dict[int, str], at: str) -> 
                       "neurons), divided by the total non-DC energy (each spectrum sums to 1)", panels, cols=min(4, len(panels)))
 
 
-def fig_fve(snaps: Sequence[Snapshot], at: str) -> FigureSpec | None:
+def fig_fve(snaps: Sequence[Snapshot], at: str | int) -> FigureSpec | None:
     """fve_paper U and V per key frequency (strongest first), one panel per configuration, 0-100%."""
     if not snaps:
         return None
@@ -213,7 +235,9 @@ def fig_fve(snaps: Sequence[Snapshot], at: str) -> FigureSpec | None:
                       panels, cols=min(4, len(panels)))
 
 
-def _at_words(at: str) -> str:
+def _at_words(at: str | int) -> str:
+    if not isinstance(at, str):
+        return f"the checkpoint nearest epoch {at}"
     return "the first checkpoint with test acc >= 0.99 (else the last)" if at == "first099" else "the last checkpoint"
 
 

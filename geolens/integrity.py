@@ -5,6 +5,9 @@ exists and is whole; every checkpoint up to the resume state's epoch E is in the
 is its last step; metrics.csv has a row at epoch 0, at E, at every checkpoint, and no gap wider
 than eval_every before E; a finished run ends at the same epoch in metrics.csv, the manifest and
 events.json.
+A trimmed run (run.json has "trimmed": written by `geolens export`, a shipped trajectory) holds a
+subset of its source's checkpoints and no resume state: resume.safetensors is not required, and
+metrics.csv must be whole up to its last checkpoint instead of the resume epoch.
 
 `problems(run)` lists what disagrees (one line each, with the fix); `geolens info` shows them.
 `repair(run)` does what can be done exactly: the manifest is rebuilt from the checkpoint files and
@@ -81,7 +84,7 @@ def survey(run: RunDir) -> Survey:
         except (GeoError, KeyError, RuntimeError, ValueError):
             bad(f"{run.resume_file} is corrupt", "the run cannot be resumed: retrain with --force (its checkpoints "
                 "can still be analysed)", False)
-    elif s.files or s.rows:
+    elif (s.files or s.rows) and "trimmed" not in header:
         bad(f"{run.resume_file} is missing", "the run cannot be resumed: retrain with --force (its checkpoints can "
             "still be analysed)", False)
 
@@ -100,8 +103,9 @@ def survey(run: RunDir) -> Survey:
     if s.resume_epoch is not None and s.resume_epoch not in listed and s.resume_epoch in s.files and not unlisted:
         bad(f"the resume state is at epoch {s.resume_epoch} but the manifest does not list that checkpoint",
             f"{fix} rebuilds the manifest")
-    if s.rows is not None and s.resume_epoch is not None:
-        gap = _metrics_gap(s.rows, s.resume_epoch, [k for k in s.files if k <= s.resume_epoch], s.eval_every)
+    last = s.resume_epoch if "trimmed" not in header else (listed[-1] if listed else None)
+    if s.rows is not None and last is not None:
+        gap = _metrics_gap(s.rows, last, [k for k in s.files if k <= last], s.eval_every)
         if gap:
             bad(f"metrics.csv is incomplete ({gap})", "restore metrics.csv from a backup (it cannot be rebuilt from "
                 "the checkpoints), or retrain with --force", False)

@@ -165,14 +165,26 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 # ---- matplotlib (static export) --------------------------------------------------------------
 def save_static(spec: FigureSpec, folder: Path, formats: Sequence[str] = ("png", "svg")) -> list[Path]:
-    """Render the spec with matplotlib (Agg) and write FOLDER/<name>.<fmt> for each format."""
-    import matplotlib
+    """Render the spec with matplotlib and write FOLDER/<name>.<fmt> for each format."""
+    fig = to_matplotlib(spec)
+    paths = []
+    for fmt in formats:
+        path = folder / f"{spec.name}.{fmt}"
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt, dpi=110)
+        atomic_write_bytes(path, buf.getvalue())
+        paths.append(path)
+    return paths
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+
+def to_matplotlib(spec: FigureSpec):
+    """The spec as a matplotlib Figure (not registered with pyplot: no global state, any backend;
+    a notebook displays it as the value of a cell)."""
+    from matplotlib.figure import Figure
 
     cols = min(spec.cols, len(spec.panels))
-    fig, axes = plt.subplots(spec.rows, cols, figsize=(spec.panel_width * cols, 3.8 * spec.rows), squeeze=False)
+    fig = Figure(figsize=(spec.panel_width * cols, 3.8 * spec.rows))
+    axes = fig.subplots(spec.rows, cols, squeeze=False)
     chars = _title_chars(spec.panel_width)
     for ax in axes.flat[len(spec.panels) :]:
         ax.set_visible(False)
@@ -218,15 +230,7 @@ def save_static(spec: FigureSpec, folder: Path, formats: Sequence[str] = ("png",
             ax.legend(fontsize=7)
     fig.suptitle(_wrap(spec.title, chars * cols, "\n"), fontsize=10)
     fig.tight_layout()
-    paths = []
-    for fmt in formats:
-        path = folder / f"{spec.name}.{fmt}"
-        buf = io.BytesIO()
-        fig.savefig(buf, format=fmt, dpi=110)
-        atomic_write_bytes(path, buf.getvalue())
-        paths.append(path)
-    plt.close(fig)
-    return paths
+    return fig
 
 
 @dataclass

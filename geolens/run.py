@@ -110,9 +110,18 @@ class Run:
             "sustained_099": events.get("sustained_099"),
             "stop_reason": events.get("stop_reason"),
             "checkpoints": "unreadable manifest" if steps is None else len(steps),
+            "trimmed": self._trimmed_text(),
             "ms_per_epoch": round(timing["ms_per_epoch"], 2) if "ms_per_epoch" in timing else None,
         }
 
+
+    def _trimmed_text(self) -> str | None:
+        """For a trimmed copy (`geolens export`): how many of its source's checkpoints it keeps."""
+        t = self.header.get("trimmed")
+        if not isinstance(t, dict):
+            return None
+        return (f"{t.get('checkpoints')} of {t.get('source_checkpoints')} checkpoints of {t.get('source')} "
+                f"(exported {t.get('date')}; no resume state: analysis only)")
 
     @staticmethod
     def _readable(read):

@@ -217,6 +217,9 @@ def resume(out: str | Path, progress: bool = True, **changes) -> TrainResult:
     manifest that disagrees with the checkpoint files is rebuilt from them (exactly; a warning says so)."""
     run = RunDir(out)
     header = run.read_header()
+    if "trimmed" in header:
+        raise GeoError(f"{run.path} is a trimmed trajectory (`geolens export`: a subset of the checkpoints, no resume "
+                       f"state) and cannot be continued; resume its source run, or train anew with the config in its run.json")
     bad = sorted(set(changes) - set(RESUMABLE_FIELDS))
     if bad:
         raise GeoError(f"--resume cannot change {bad}; only {list(RESUMABLE_FIELDS)} may change (start a new run instead)")

@@ -284,8 +284,9 @@ def analyze_run(
                 and (not METRICS[name].uses_keys or entry.get("keys") == pinned))
 
     sources = list(dict.fromkeys([folder, run.path / ANALYSIS_DIR]))
-    shas = {step: _sha256(run.dir.ckpt_path(step)) for step in run.steps}
-    entries = {step: _read_cache(sources, step, shas[step]) for step in run.steps}  # step -> {metric: cache entry}
+    listed = run.steps  # read once: a run still training adds checkpoints meanwhile
+    shas = {step: _sha256(run.dir.ckpt_path(step)) for step in listed}
+    entries = {step: _read_cache(sources, step, shas[step]) for step in listed}  # step -> {metric: cache entry}
     jobs = {step: todo for step in chosen if (todo := [n for n in names if not fresh(n, entries[step].get(n))])}
     if workers is None:
         workers = (os.cpu_count() or 1) if len(jobs) >= AUTO_WORKERS_MIN_STEPS else 1
@@ -302,8 +303,8 @@ def analyze_run(
             atomic_write_json(folder / "cache" / f"step_{step:07d}.json",
                               {"checkpoint_sha256": shas[step], "metrics": entries[step]})
             bar.update(task, advance=1, step=f"epoch {step}")
-        known = {s: {n: e for n, e in entries[s].items() if n in METRICS and fresh(n, e)} for s in run.steps}
-        steps_known = [s for s in run.steps if known[s]]
+        known = {s: {n: e for n, e in entries[s].items() if n in METRICS and fresh(n, e)} for s in listed}
+        steps_known = [s for s in listed if known[s]]
         values = {s: {n: e["values"] for n, e in known[s].items() if "values" in e} for s in steps_known}
         skipped = {n: e["skipped"] for s in steps_known for n, e in known[s].items() if "skipped" in e}
         traj = Trajectory(run, steps_known, values, skipped, sum(map(len, jobs.values())), folder)

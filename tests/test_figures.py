@@ -11,6 +11,7 @@ from geolens.analysis import compute_metrics, eqforward
 from geolens.analysis.fourier import cyclic_frame
 from geolens.cli import main
 from geolens.config import make_config
+from geolens.errors import GeoError
 from geolens.fast import fast_eq_forward
 from geolens.figures import (ZOOM_EPOCHS, analysis_step, build_figures, clock_pizza_path, fig_onsets, fig_test_accuracy,
                              fig_uniform_attention, snapshot, write_figures)
@@ -150,6 +151,40 @@ def test_spectrum_and_fve_of_each_configuration(tiny_sweep, monkeypatch):
         assert list(u.x) == [f"k={k}" for k in snap.keys] and list(u.y) == snap.fve_U and list(v.y) == snap.fve_V
         assert panel.yrange == (0.0, 100.0) and all(0 <= y <= 100 for y in [*u.y, *v.y] if not math.isnan(y))
     assert analysis_step(snaps[0].run, "final") == snaps[0].run.steps[-1]
+
+
+def test_spectrum_comparison_of_any_runs_is_the_spectrum_figure(tiny_sweep):
+    """Runs of different normalisation and readout side by side, each as shares of its own non-DC
+    W_L energy on one y scale: the same data as the `geolens figures` spectrum."""
+    sphere, fb = (load_run(tiny_sweep / preset / "lr4e-3" / "seed_2") for preset in ("sphere", "fb"))
+    snaps, spec = figures.spectrum_comparison([fb, sphere], at=150)
+    assert [s.run for s in snaps] == [fb, sphere] and [s.step for s in snaps] == [100, 100]  # nearest checkpoint
+    assert spec.name == "wl_spectrum" and "nearest epoch 150" in spec.title
+    assert len({p.yrange for p in spec.panels}) == 1 and len({p.traces[0].color for p in spec.panels}) == 2
+    for snap, panel in zip(snaps, spec.panels):
+        assert panel.title.startswith(f"{snap.group.full_label}, seed 2, epoch 100")
+        assert panel.traces[0].y == snap.shares
+        assert snap.shares == pytest.approx(_independent_shares(snap.run.model_at(100), snap.run.config), abs=1e-5)
+        assert sum(snap.shares) == pytest.approx(1.0, abs=1e-6)
+    final, _ = figures.spectrum_comparison([fb], at="final")
+    assert final[0].step == fb.steps[-1]
+    with pytest.raises(GeoError, match="at least one run"):
+        figures.spectrum_comparison([])
+
+
+def test_to_matplotlib_draws_every_panel(tiny_sweep, tmp_path):
+    from matplotlib.figure import Figure
+
+    from geolens.plots import to_matplotlib
+
+    specs, _ = build_figures(tiny_sweep)
+    for spec in specs:
+        fig = to_matplotlib(spec)
+        assert isinstance(fig, Figure)
+        assert sum(ax.get_visible() for ax in fig.axes) == len(spec.panels)
+    spectrum = next(s for s in specs if s.name == "wl_spectrum")
+    ax = to_matplotlib(spectrum).axes[0]
+    assert [round(p.get_height(), 9) for p in ax.patches] == [round(v, 9) for v in spectrum.panels[0].traces[0].y]
 
 
 def test_clock_pizza_path_reuses_the_analysis_cache(tiny_sweep, monkeypatch):

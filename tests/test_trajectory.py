@@ -193,3 +193,21 @@ def test_python_probe(run_dir, monkeypatch):
     text = repr(probe)
     assert text.startswith("Probe(epoch 120") and str(probe.key_freqs) in text and len(text) < 400
     assert type(probe.cache).__name__ == "GeoActivationCache"
+
+
+def test_checkpoints_added_by_training_during_an_analysis_are_left_for_the_next(run_dir, tmp_path, monkeypatch):
+    """The manifest grows while a run trains: one analysis reads it once (a later entry used to
+    raise KeyError)."""
+    from geolens.run import Run
+
+    full = load_run(run_dir).steps
+    reads = []
+
+    def growing(self):
+        reads.append(1)
+        return full[: len(reads)]  # one more checkpoint at every reading
+
+    monkeypatch.setattr(Run, "steps", property(growing))
+    traj = analyze_run(load_run(run_dir), ["loss"], progress=False, workers=1, out=tmp_path / "a")
+    # the steps the analysis chose when it began, computed; the later ones are left for the next call
+    assert 2 <= len(traj.steps) < len(full) and traj.steps == full[: len(traj.steps)]
