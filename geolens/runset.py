@@ -102,8 +102,14 @@ def group_key(cfg: GeoConfig) -> str:
 def group_runs(runs: list[Run]) -> list[RunGroup]:
     """Groups of equal configuration, ordered by full_label; runs in a group by (seed, data seed, path)."""
     groups: dict[str, RunGroup] = {}
+    seen: dict[tuple[str, int, int], Run] = {}
     for run in sorted(runs, key=lambda r: (r.config.seed, r.config.data_seed, str(r.path))):
-        groups.setdefault(group_key(run.config), RunGroup(run.config)).runs.append(run)
+        key = group_key(run.config)
+        twin = seen.setdefault((key, run.config.seed, run.config.data_seed), run)
+        if twin is not run:  # e.g. the same seed through another engine: counting both would double it
+            raise GeoError(f"{twin.path} and {run.path} are the same configuration and seed (at most "
+                           "their engine, device, budget or folder differ); pass a --runs folder that holds one run per seed")
+        groups.setdefault(key, RunGroup(run.config)).runs.append(run)
     return sorted(groups.values(), key=lambda g: g.full_label)
 
 

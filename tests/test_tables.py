@@ -285,6 +285,17 @@ def test_groups_come_from_config_fields_not_folders(tmp_path, write_run, step_cu
     assert make_config("fb+fourier").fourier_init == list(PAPER_FOURIER_FREQS)
 
 
+
+def test_the_same_seed_twice_in_a_group_is_refused_not_counted_twice(tmp_path, write_run, step_curve):
+    # a float-order comparison (the same seed through the hooked engine) under the same --runs folder
+    write_run(tmp_path / "fast" / "seed_1", make_config("fb", seed=1, lr=6e-4, **ADD), step_curve(100, 200))
+    write_run(tmp_path / "hooked" / "seed_1", make_config("fb", seed=1, lr=6e-4, engine="hooked", **ADD),
+              step_curve(100, 400))
+    runs, _ = find_runs(tmp_path)
+    with pytest.raises(GeoError, match="same configuration and seed.*one run per seed"):
+        group_runs(runs)
+    assert [g.seeds for g in group_runs(find_runs(tmp_path / "hooked")[0])] == [[1]]
+
 def test_bad_input_is_one_line_error(tmp_path, monkeypatch, capsys, write_run, step_curve):
     def run(*args):
         monkeypatch.setattr(sys, "argv", ["geolens", "table", *map(str, args)])

@@ -16,19 +16,21 @@ for name in "${grids[@]}"; do
     out=runs/$name
     echo "== $(date -Is) $name"
     "$py" -m geolens sweep --grid "$here/$name.toml" --out "$out" --threads 1 --workers "${WORKERS:-1}" --quiet || status=1
-    "$py" "$here/collect.py" "$out" "results/$name"
+    case $name in table1_*|notebook_init) dest=results/table1/$name ;; *) dest=results/$name ;; esac
+    "$py" "$here/collect.py" "$out" "$dest"
     if [ "$name" = spectral ]; then  # section 4.3: the circuit at the last checkpoint (the first logged acc >= 0.99)
         "$py" "$here/spectral.py" "$out" "results/$name" results/tables > /dev/null || status=1
     fi
 done
-declare -A sources=([table1]="table1_lr6e-4 notebook_init" [table2]=table2_mul [table3]=table3_uniform
-                    [table4]=table4_s5 [appendixB]=appendixB_s5_uniform)
-for table in table1 table2 table3 table4 appendixB; do  # the tables some finished run belongs to
-    for grid in ${sources[$table]}; do
-        if [ -d "results/$grid" ]; then
-            "$py" -m geolens table --runs results --paper "$table" --out results/tables > /dev/null || status=1
-            break
-        fi
-    done
+# each table from its own folder: a folder holds one run per configuration and seed (float_order_hooked
+# repeats table1's fb seeds through another engine and is tabled on its own)
+declare -A sources=([table1]=results/table1 [table2]=results/table2_mul [table3]=results/table3_uniform
+                    [table4]=results/table4_s5 [appendixB]=results/appendixB_s5_uniform)
+for table in table1 table2 table3 table4 appendixB; do
+    [ -d "${sources[$table]}" ] || continue
+    "$py" -m geolens table --runs "${sources[$table]}" --paper "$table" --out results/tables > /dev/null || status=1
 done
+if [ -d results/float_order_hooked ]; then
+    "$py" -m geolens table --runs results/float_order_hooked --paper table1 --out results/tables/float_order_hooked > /dev/null || status=1
+fi
 exit $status
