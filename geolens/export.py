@@ -18,7 +18,7 @@ from typing import Sequence
 from geolens.errors import GeoError
 from geolens.integrity import problems
 from geolens.run import Run
-from geolens.storage import RunDir, atomic_write_bytes, atomic_write_json, tensors_header
+from geolens.storage import RunDir, atomic_write_bytes, atomic_write_json, tensors_bytes
 
 
 def kept_steps(run: Run, steps: Sequence[int]) -> list[int]:
@@ -51,9 +51,7 @@ def export_run(src: str | Path, out: str | Path, steps: Sequence[int]) -> Path:
     try:
         dst = RunDir(staging)
         for step in keep:  # exactly the bytes the checkpoint's header declares
-            _, size = tensors_header(run.dir.ckpt_path(step))
-            with open(run.dir.ckpt_path(step), "rb") as f:
-                atomic_write_bytes(dst.ckpt_path(step), f.read(size))
+            atomic_write_bytes(dst.ckpt_path(step), tensors_bytes(run.dir.ckpt_path(step)))
         atomic_write_json(dst.manifest_json, [m for m in run.manifest if m["step"] in keep])
         for name in ("metrics.csv", "events.json"):
             atomic_write_bytes(staging / name, (run.path / name).read_bytes())

@@ -114,7 +114,6 @@ class Run:
             "ms_per_epoch": round(timing["ms_per_epoch"], 2) if "ms_per_epoch" in timing else None,
         }
 
-
     def _trimmed_text(self) -> str | None:
         """For a trimmed copy (`geolens export`): how many of its source's checkpoints it keeps."""
         t = self.header.get("trimmed")

@@ -154,15 +154,20 @@ def _read_header(f) -> tuple[dict[str, Any], int]:
     return header, size
 
 
+def tensors_bytes(path: Path) -> bytes:
+    """The bytes of a safetensors file up to the size its header declares (checked as tensors_header
+    does), through one open file: a writer replacing the path meanwhile cannot mix two versions."""
+    with open(path, "rb") as f:
+        _, size = _read_header(f)
+        f.seek(0)
+        return f.read(size)
+
+
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file, reading no more than the size its header declares."""
     run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
     try:
-        with open(path, "rb") as f:  # one open file: a writer replacing the path cannot mix two versions
-            _, size = _read_header(f)
-            f.seek(0)
-            data = f.read(size)
-        return st_load(data)
+        return st_load(tensors_bytes(path))
     except FileNotFoundError:
         raise GeoError(f"checkpoint {path} is missing; `geolens repair --run {run}` drops it from the manifest "
                        "(or restore the file)") from None

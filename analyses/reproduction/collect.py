@@ -16,7 +16,8 @@ def collect(src: Path, dest: Path) -> int:
     """Copy the records of finished runs under src to dest; returns how many runs were copied."""
     copied = 0
     for run_json in sorted(src.rglob("run.json")):
-        if ".geolens-new-" in str(run_json) or json.loads(run_json.read_text()).get("status") != "finished":
+        hidden = any(part.startswith(".") for part in run_json.relative_to(src).parts)  # a run being built or swapped
+        if hidden or json.loads(run_json.read_text()).get("status") != "finished":
             continue
         target = dest / run_json.parent.relative_to(src)
         target.mkdir(parents=True, exist_ok=True)

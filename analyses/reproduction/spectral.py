@@ -11,14 +11,17 @@ import sys
 from pathlib import Path
 
 from geolens import load_run
+from geolens.paper import paper_tables
 
 METRICS = ["loss", "keyfreq_wl_fft", "fve_paper", "truncated_logit_acc", "clock_pizza", "grad_symmetricity",
            "distance_irrelevance"]
-#: paper, section 4.3 (../shared/spec/PAPER.md): FVE ("up to", "at most", or U / V) and truncated-logit accuracy
+_PAPER = paper_tables()["spectral_section4_3"]
+_FVE, _TRUNC = _PAPER["fve_percent"], _PAPER["truncated_logit_accuracy"]
+#: preset -> the paper's section 4.3 numbers for it: FVE (as the paper words it) and truncated-logit accuracy
 PAPER = {
-    "ln": ("up to ~54%", "0.9998"),
-    "sphere": ("at most ~29%", "-"),
-    "fb": ("U 62.55% / V 48.43%", "0.9996"),
+    "ln": (f"up to ~{_FVE['layernorm_max']}%", f"{_TRUNC['layernorm']:.4f}"),
+    "sphere": (f"at most ~{_FVE['sphere_wd1_max']}%", "-"),
+    "fb": (f"U {_FVE['sphere_wd0_U']}% / V {_FVE['sphere_wd0_V']}%", f"{_TRUNC['fully_bounded']:.4f}"),
 }
 
 

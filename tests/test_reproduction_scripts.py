@@ -1,0 +1,59 @@
+"""analyses/reproduction's scripts on tiny runs: what they copy and the section 4.3 table they write."""
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from geolens import load_run
+from geolens import train as training
+from geolens.config import make_config
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "analyses" / "reproduction"
+SMALL = dict(p=23, frac_train=0.5, d_model=32, n_heads=4, d_head=8, d_mlp=64, lr=1e-3, epochs=40, eval_every=10)
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    for preset in ("fb", "ln"):
+        training.train(make_config(preset, seed=42, **SMALL), root / preset / "seed_42", progress=False)
+    return root
+
+
+def test_collect_copies_the_records_of_finished_runs_only(runs, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(runs, src)
+    shutil.copytree(src / "fb" / "seed_42", src / "fb" / ".seed_43.geolens-new-1")  # a run being built
+    header = json.loads((src / "ln" / "seed_42" / "run.json").read_text())
+    (src / "ln" / "seed_42" / "run.json").write_text(json.dumps({**header, "status": "running"}))
+    assert script("collect").collect(src, tmp_path / "out") == 1
+    copied = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert copied == ["fb/seed_42/events.json", "fb/seed_42/metrics.csv", "fb/seed_42/run.json"]
+
+
+def test_spectral_table_rows_are_the_last_checkpoints_metrics_next_to_the_paper(runs, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(runs, src)
+    script("spectral").main(src, tmp_path / "results", tmp_path / "tables")
+    rows = [line.split(" | ") for line in (tmp_path / "tables" / "spectral.md").read_text().splitlines()
+            if line.startswith("| fb ") or line.startswith("| ln ")]
+    assert [r[0] for r in rows] == ["| fb", "| ln"]
+    for row, preset in zip(rows, ("fb", "ln")):
+        run = load_run(src / preset / "seed_42")
+        step = run.steps[-1]
+        fve = run.analyze(["fve_paper"], steps=[step]).values[step]["fve_paper"]
+        assert row[2] == f"{step:,}"
+        assert row[5] == f"{fve['fve_paper_U_max']:.2f} / {fve['fve_paper_V_max']:.2f}"
+        assert (tmp_path / "results" / preset / "seed_42" / "analysis" / "metrics.csv").is_file()
+    assert rows[0][6] == "U 62.55% / V 48.43%" and rows[0][8] == "0.9996"  # the paper's, from paper_tables.json
+    assert rows[1][6] == "up to ~54%" and rows[1][8] == "0.9998"
