@@ -125,7 +125,7 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
         runs = [RunDir(c.path) for c in claims]
         models = [GeoTransformer(c).to(dev) for c in _padded(cfgs, min_stack)]
         opts = [make_optimizer(m) for m in models]
-        return _train_stack(runs, cfgs, models, opts, 0, [[] for _ in cfgs], [[] for _ in cfgs], [{} for _ in cfgs],
+        return _train_stack(runs, cfgs, models, opts, 0, [[] for _ in cfgs], [[] for _ in cfgs], [None for _ in cfgs],
                             progress, on_eval, resumed=False, claims=claims)
 
 
@@ -170,7 +170,7 @@ def resume_batched(outs: list[str | Path], progress: bool = True, min_stack: int
         models, opts = zip(*(from_resume_state(c, st, dev) for c, st in zip(_padded(cfgs, min_stack),
                                                                           _padded(states, min_stack))))
         return _train_stack(runs, cfgs, list(models), list(opts), step, rows, manifests,
-                            [h.get("timing", {}) for h in headers], progress, on_eval, resumed=True)
+                            headers, progress, on_eval, resumed=True)
 
 
 def _padded(items: list, n: int) -> list:
@@ -179,13 +179,13 @@ def _padded(items: list, n: int) -> list:
 
 
 def _train_stack(runs: list[RunDir], cfgs: list[GeoConfig], models: list[GeoTransformer], opts: list, start: int,
-                 rows: list[list[dict]], manifests: list[list[dict]], prev_timing: list[dict], progress: bool,
+                 rows: list[list[dict]], manifests: list[list[dict]], prevs: list[dict | None], progress: bool,
                  on_eval: Callable[[int, list[bool]], None] | None, resumed: bool,
                  claims: list[NewRunClaim] | None = None) -> list[TrainResult]:
     """The batched loop from epoch `start` (train.run_epochs with StackedStep): models[i] (with opts[i])
     is member i for i < len(runs), any further model an unrecorded passenger training on member 0's
-    data; rows/manifests: each member's so far; prev_timing: each member's run.json timing so far ({}
-    for a new run); resumed: `start` was evaluated (and checkpointed) before; claims: a new run's claims
+    data; rows/manifests: each member's so far; prevs: each member's run.json so far (None for a new
+    run); resumed: `start` was evaluated (and checkpointed) before; claims: a new run's claims
     (NewRunClaim.started after each member's first checkpoint)."""
     dev = next(models[0].parameters()).device
     S, R, cfg = len(models), len(runs), cfgs[0]
@@ -196,7 +196,8 @@ def _train_stack(runs: list[RunDir], cfgs: list[GeoConfig], models: list[GeoTran
     forward = StackedForward(models)
     engine, why = f"{ENGINE}-{forward.engine}", f"{S} members stacked; {forward.why}"
     members = [Member(runs[i], cfgs[i], models[i], opts[i], rows[i], manifests[i],
-                      run_header(cfgs[i], engine, why, train_y.shape[1], test_y.shape[1]), prev_timing[i],
+                      run_header(cfgs[i], engine, why, train_y.shape[1], test_y.shape[1], start, prevs[i]),
+                      (prevs[i] or {}).get("timing", {}),
                       claims[i] if claims is not None else None) for i in range(R)]
     step = StackedStep(forward, models, opts, R, train_x, train_y, test_x, test_y)
     label = f"{R} x {cfg.preset or cfg.norm} {cfg.task} p={cfg.p}"

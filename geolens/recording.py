@@ -20,7 +20,8 @@ from geolens.config import GeoConfig
 from geolens.engine import make_optimizer
 from geolens.model import GeoTransformer
 from geolens.runlock import NewRunClaim
-from geolens.storage import BackgroundWriter, RunDir, atomic_write_json, package_versions, save_tensors, write_metrics
+from geolens.storage import (BackgroundWriter, RunDir, atomic_write_json, package_versions, save_tensors,
+                             source_commit, write_metrics)
 
 ONSET_ACC = 0.95
 SUSTAINED_ACC = 0.99
@@ -53,10 +54,19 @@ def finish_events(rows: list[dict], stop_reason: str, eval_every: int, start: in
 
 
 # ---- run.json and metrics rows ---------------------------------------------------------------
-def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int) -> dict:
-    """run.json contents (without format and timing) of a run that is training."""
-    return {"config": cfg.to_dict(), "versions": package_versions(), "engine": engine, "engine_reason": why,
-            "n_train": n_train, "n_test": n_test, "status": "running"}
+def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int, start: int = 0,
+               prev: dict | None = None) -> dict:
+    """run.json contents (without format and timing) of a run that is training from epoch `start`;
+    prev: the run's run.json before this (resumed) training, None for a new run. `segments` lists
+    who trained which part: the previous segments and one from `start` with this geolens version and
+    commit (a run written before segments were recorded starts with one of its recorded version)."""
+    versions = package_versions()
+    segments = list((prev or {}).get("segments", []))
+    if prev and not segments:
+        segments = [{"from_epoch": 0, "geolens": prev.get("versions", {}).get("geolens"), "geolens_commit": None}]
+    segments.append({"from_epoch": start, "geolens": versions["geolens"], "geolens_commit": source_commit()})
+    return {"config": cfg.to_dict(), "versions": versions, "engine": engine, "engine_reason": why,
+            "n_train": n_train, "n_test": n_test, "segments": segments, "status": "running"}
 
 
 def squared_norms(model: GeoTransformer) -> Tensor:

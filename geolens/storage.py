@@ -20,6 +20,7 @@ import platform
 import queue
 import stat
 import struct
+import subprocess
 import tempfile
 import threading
 import time
@@ -201,6 +202,32 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
 
 
 # ---- run directory ---------------------------------------------------------------------------
+def source_commit() -> str | None:
+    """The git commit of the geolens source this process runs: git_commit of the package's folder."""
+    return git_commit(Path(__file__).resolve())
+
+
+@functools.cache
+def git_commit(file: Path) -> str | None:
+    """"<sha>" of the commit `file` is tracked in ("<sha>+dirty" when files of its folder differ from
+    that commit), or None when `file` is not tracked by git (e.g. an installed wheel, or a package
+    inside a git checkout's ignored virtual environment) or git is not available."""
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(file.parent), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    if git("ls-files", "--error-unmatch", file.name) is None:
+        return None
+    sha, changes = git("rev-parse", "HEAD"), git("status", "--porcelain", "--", ".")
+    if sha is None or changes is None:
+        return None
+    return sha + ("+dirty" if changes else "")
+
+
 def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 

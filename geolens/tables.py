@@ -52,7 +52,8 @@ class Rule:
 @dataclass(frozen=True)
 class RunMeasures:
     """One run's numbers: onsets (None: no onset within its epochs) and peak test accuracy, on the
-    paper's grid and at the run's own resolution, and events.json's sustained_099."""
+    paper's grid and at the run's own resolution, and events.json's sustained_099; commits: the geolens
+    commits that trained it (run.json segments, "epoch:commit" joined by spaces; "" when not recorded)."""
 
     path: Path
     seed: int
@@ -64,6 +65,7 @@ class RunMeasures:
     sustained_099: int | None
     peak_grid: float
     peak_own: float
+    commits: str
 
     @classmethod
     def of(cls, run: Run, rule: Rule) -> "RunMeasures":
@@ -71,7 +73,8 @@ class RunMeasures:
         grid = rule.on_grid(rows)
         return cls(run.path, run.config.seed, run.config.data_seed, rows[-1]["epoch"], run.config.eval_every,
                    rule.onset(grid), rule.onset(rows), run.events.get("sustained_099"),
-                   max((r["test_acc"] for r in grid), default=math.nan), max(r["test_acc"] for r in rows))
+                   max((r["test_acc"] for r in grid), default=math.nan), max(r["test_acc"] for r in rows),
+                   " ".join(f"{seg['from_epoch']}:{seg['geolens_commit'] or '?'}" for seg in run.header.get("segments", [])))
 
 
 # ---- one row of a table ------------------------------------------------------------------------
@@ -194,7 +197,8 @@ class BuiltTable:
                             "config": row.group.variant, "lr": row.group.config.lr, "weight_decay": row.group.config.weight_decay,
                             "path": str(m.path), "seed": m.seed, "data_seed": m.data_seed, "final_epoch": m.final_epoch,
                             "eval_every": m.eval_every, "onset_grid": _none(m.onset_grid), "onset_own": _none(m.onset_own),
-                            "sustained_099": _none(m.sustained_099), "peak_grid": m.peak_grid, "peak_own": m.peak_own})
+                            "sustained_099": _none(m.sustained_099), "peak_grid": m.peak_grid, "peak_own": m.peak_own,
+                            "geolens_commits": m.commits})
         return out
 
 

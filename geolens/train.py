@@ -250,9 +250,10 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
     dev = next(model.parameters()).device
     train_x, train_y, test_x, test_y = (t.to(dev) for t in (*data.train, *data.test))
     engine, forward, why = select_forward(model)
-    prev_timing = run.read_header().get("timing", {}) if resumed else {}
-    member = Member(run, cfg, model, opt, rows, manifest, run_header(cfg, engine, why, len(train_y), len(test_y)),
-                    prev_timing, claim)
+    prev = run.read_header() if resumed else None
+    member = Member(run, cfg, model, opt, rows, manifest,
+                    run_header(cfg, engine, why, len(train_y), len(test_y), start, prev),
+                    (prev or {}).get("timing", {}), claim)
     step = SingleStep(model, opt, forward, train_x, train_y, test_x, test_y)
     label = f"{cfg.preset or cfg.norm} {cfg.task} p={cfg.p}"
     return run_epochs([member], step, start, resumed, engine, label, lambda rows, active: run_stats(rows[0]),

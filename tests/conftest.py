@@ -107,9 +107,9 @@ def step_curve():
 
 def assert_identical_runs(a: Path, b: Path) -> None:
     """Two run directories hold the same run: the same files, every tensor bit for bit, metrics.csv but
-    its elapsed_s column, events, manifest, config and status (timing and engine_reason, which names
-    the stack size, may differ). Hidden files are left out: a write interrupted by SIGKILL leaves its
-    temporary file (.NAME.XXXXXXXX) behind."""
+    its elapsed_s column, events, manifest, config and status (timing, engine_reason, which names
+    the stack size, and segments, which name each resume, may differ). Hidden files are left out: a
+    write interrupted by SIGKILL leaves its temporary file (.NAME.XXXXXXXX) behind."""
     names = _files(a)
     assert names == _files(b), (a, b)
     for name in names:
@@ -120,8 +120,8 @@ def assert_identical_runs(a: Path, b: Path) -> None:
             rows = [[line.rsplit(",", 1)[0] for line in (p / name).read_text().splitlines()] for p in (a, b)]
             assert rows[0] == rows[1], a / name
         elif name == "run.json":
-            ja, jb = ({k: v for k, v in json.loads((p / name).read_text()).items() if k not in ("timing", "engine_reason")}
-                      for p in (a, b))
+            ja, jb = ({k: v for k, v in json.loads((p / name).read_text()).items()
+                       if k not in ("timing", "engine_reason", "segments")} for p in (a, b))
             assert ja == jb, a / name
         else:
             assert (a / name).read_bytes() == (b / name).read_bytes(), a / name

@@ -15,6 +15,7 @@ from geolens.paper import TABLES, OneOf, paper_tables
 from geolens.run import load_run
 from geolens.runset import find_runs, group_runs
 from geolens.stats import bootstrap_ci, summarize, verdict
+from geolens.storage import source_commit
 from geolens.tables import Rule, build_tables
 
 ADD = dict(task="add", p=113, eval_every=10)
@@ -335,3 +336,4 @@ def test_tiny_real_sweep_table_matches_its_metrics(tiny_sweep):
             assert m.onset_grid == next((r["epoch"] for r in grid if r["test_acc"] > 0.95), None)
             assert m.onset_own == json.loads((m.path / "events.json").read_text())["onset_095"]
             assert m.peak_own == max(r["test_acc"] for r in metrics)
+            assert m.commits == f"0:{source_commit() or '?'}"  # trained once, by this checkout

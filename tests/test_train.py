@@ -1,6 +1,8 @@
 """Training: generalisation and onset detection, bit-identical resume, schedules, run directories."""
 
 import json
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -60,6 +62,39 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
     assert all(torch.equal(full[k], part[k]) for k in full)
     assert _strip(run_full.metrics) == _strip(run_part.metrics)
     assert run_full.steps == run_part.steps
+    # run.json says who trained which part: the new run from 0, the resume from 40, both this checkout
+    this = storage.source_commit()
+    assert run_full.header["segments"] == [{"from_epoch": 0, "geolens": run_full.header["versions"]["geolens"],
+                                            "geolens_commit": this}]
+    assert [(s["from_epoch"], s["geolens_commit"]) for s in run_part.header["segments"]] == [(0, this), (40, this)]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_git_commit_names_the_checkout_a_file_is_tracked_in(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / ".gitignore").write_text("venv/\n")
+    module = repo / "pkg" / "mod.py"
+    module.write_text("x = 1\n")
+    assert storage.git_commit(module) is None  # not a git checkout
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    storage.git_commit.cache_clear()
+    assert storage.git_commit(module) == sha and len(sha) == 40
+    module.write_text("x = 2\n")
+    storage.git_commit.cache_clear()
+    assert storage.git_commit(module) == sha + "+dirty"
+    installed = repo / "venv" / "site-packages" / "pkg" / "mod.py"  # ignored: a wheel installed in a venv
+    installed.parent.mkdir(parents=True)
+    installed.write_text("x = 1\n")
+    assert storage.git_commit(installed) is None
+    storage.git_commit.cache_clear()
 
 
 def test_killed_run_resumes_bit_identically(tmp_path, monkeypatch):
