@@ -260,8 +260,8 @@ def clock_pizza_path(run: Run) -> tuple[list[int], list[float], list[float]]:
 
 
 def fig_clock_pizza_paths(paths: Sequence[tuple[str, str, list[int], list[float], list[float]]]) -> FigureSpec | None:
-    """paths: (name, colour, steps, distance irrelevance, gradient symmetricity); the final point of
-    each path is marked."""
+    """paths: (name, colour, steps, distance irrelevance, gradient symmetricity); each path's first
+    checkpoint is an open circle, its last a star."""
     if not paths:
         return None
     from geolens.report import clock_pizza_regions
@@ -269,8 +269,12 @@ def fig_clock_pizza_paths(paths: Sequence[tuple[str, str, list[int], list[float]
     traces: list = [*clock_pizza_regions([y for p in paths for y in p[4]])]
     for name, color, steps, x, y in paths:
         traces.append(Line(x, y, name, mode="lines+markers", color=color, text=[f"epoch {s}" for s in steps]))
-        traces.append(Line(x[-1:], y[-1:], "", mode="markers", color=color, text=[f"final: epoch {steps[-1]}"]))
-    panel = Panel("gradient symmetricity vs distance irrelevance over the checkpoints", traces,
+        traces.append(Line(x[:1], y[:1], "", mode="markers", color=color, text=[f"first: epoch {steps[0]}"],
+                           marker="start"))
+        traces.append(Line(x[-1:], y[-1:], "", mode="markers", color=color, text=[f"last: epoch {steps[-1]}"],
+                           marker="end"))
+    panel = Panel("gradient symmetricity vs distance irrelevance over the checkpoints (open circle: the first, "
+                  "star: the last)", traces,
                   "distance irrelevance", "gradient symmetricity")
     return FigureSpec("clock_pizza_paths", "Clock vs Pizza path of each configuration", [panel], cols=1, panel_width=8.0)
 

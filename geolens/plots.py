@@ -19,6 +19,9 @@ from geolens.storage import atomic_write_bytes
 
 PANEL_WIDTH = 5.2  # inches per panel in the static export, by default
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+#: Line.marker -> (matplotlib marker, filled, size; plotly symbol, size): a path's start and end
+MARKERS = {"dot": ("o", True, 3, "circle", 6), "start": ("o", False, 8, "circle-open", 11),
+           "end": ("*", True, 12, "star", 14)}
 
 
 @dataclass
@@ -31,6 +34,7 @@ class Line:
     dash: bool = False
     text: Sequence[str] | None = None  # hover labels
     legend: bool = True  # False: no legend entry (e.g. every seed after the first of a configuration)
+    marker: str = "dot"  # a key of MARKERS: how its markers are drawn
 
 
 @dataclass
@@ -108,9 +112,11 @@ def to_plotly(spec: FigureSpec):
         for j, tr in enumerate(panel.traces):
             color = getattr(tr, "color", None) or PALETTE[j % len(PALETTE)]
             if isinstance(tr, Line):
+                *_, symbol, size = MARKERS[tr.marker]
                 fig.add_trace(go.Scatter(x=list(tr.x), y=list(tr.y), name=tr.name, mode=tr.mode, text=tr.text,
                                          showlegend=tr.legend and bool(tr.name), legendgroup=tr.name or None,
-                                         line=dict(color=color, dash="dash" if tr.dash else None)), row=row, col=col)
+                                         line=dict(color=color, dash="dash" if tr.dash else None),
+                                         marker=dict(symbol=symbol, size=size)), row=row, col=col)
             elif isinstance(tr, Bar):
                 fig.add_trace(go.Bar(x=list(tr.x), y=list(tr.y), name=tr.name, marker_color=color,
                                      showlegend=bool(tr.name)), row=row, col=col)
@@ -195,9 +201,10 @@ def to_matplotlib(spec: FigureSpec):
             color = getattr(tr, "color", None) or PALETTE[j % len(PALETTE)]
             if isinstance(tr, Line):
                 linestyle = "none" if tr.mode == "markers" else ("--" if tr.dash else "-")
-                marker = "o" if "markers" in tr.mode else None
-                ax.plot(list(tr.x), list(tr.y), color=color, label=(tr.name or None) if tr.legend else None, markersize=3,
-                        linestyle=linestyle, marker=marker)
+                marker, filled, size, *_ = MARKERS[tr.marker]
+                ax.plot(list(tr.x), list(tr.y), color=color, label=(tr.name or None) if tr.legend else None,
+                        markersize=size, markerfacecolor=None if filled else "none", linestyle=linestyle,
+                        marker=marker if "markers" in tr.mode else None)
             elif isinstance(tr, Bar):
                 i = bars.index(tr)
                 x = [slots.position(v) + (i - (len(bars) - 1) / 2) * slots.width for v in tr.x]

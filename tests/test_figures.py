@@ -213,6 +213,12 @@ def test_build_and_write_all_figures(tiny_sweep, tmp_path):
     assert sum(isinstance(t, Region) for t in paths_panel.traces) == 2
     paths = [t for t in paths_panel.traces if isinstance(t, Line) and t.name]
     assert len(paths) == 4  # every seed of both configurations
+    for path in paths:  # each path's ends are marked where it starts and stops
+        i = paths_panel.traces.index(path)
+        start, end = paths_panel.traces[i + 1 : i + 3]
+        assert (start.marker, end.marker) == ("start", "end")
+        assert (start.x, start.y, end.x, end.y) == (path.x[:1], path.y[:1], path.x[-1:], path.y[-1:])
+        assert end.text == [path.text[-1].replace("epoch", "last: epoch")]
     spectrum = specs[2]
     assert "divided by the total non-DC energy" in spectrum.title and "share of non-DC W_L energy" == spectrum.panels[0].ylabel
 
