@@ -57,3 +57,25 @@ def test_spectral_table_rows_are_the_last_checkpoints_metrics_next_to_the_paper(
         assert (tmp_path / "results" / preset / "seed_42" / "analysis" / "metrics.csv").is_file()
     assert rows[0][6] == "U 62.55% / V 48.43%" and rows[0][8] == "0.9996"  # the paper's, from paper_tables.json
     assert rows[1][6] == "up to ~54%" and rows[1][8] == "0.9998"
+
+
+def test_embed_tables_refreshes_each_block_from_its_table(tmp_path):
+    embed = script("embed_tables")
+    (tmp_path / "t.md").write_text("intro\n\n| row | n |\n| --- | --- |\n| a lr 1 | 3 |\n| b lr 2 | 4 |\n| c lr 1 | 5 |\n")
+    doc = ("text\n<!-- table: t.md | lr 1 -->\nstale\n<!-- /table -->\nmiddle\n"
+           "<!-- table: t.md -->\n<!-- /table -->\nend\n")
+    out, count = embed.embed(doc, root=tmp_path)
+    assert count == 2
+    assert out == ("text\n<!-- table: t.md | lr 1 -->\n| row | n |\n| --- | --- |\n| a lr 1 | 3 |\n| c lr 1 | 5 |\n"
+                   "<!-- /table -->\nmiddle\n<!-- table: t.md -->\n| row | n |\n| --- | --- |\n| a lr 1 | 3 |\n"
+                   "| b lr 2 | 4 |\n| c lr 1 | 5 |\n<!-- /table -->\nend\n")
+    assert embed.embed(out, root=tmp_path) == (out, 2)  # refreshing again changes nothing
+    with pytest.raises(SystemExit, match="missing.md does not exist"):
+        embed.embed("<!-- table: missing.md -->\n<!-- /table -->\n", root=tmp_path)
+
+
+def test_the_reproduction_doc_shows_the_committed_tables():
+    doc = SCRIPTS.parent.parent / "docs" / "reproduction.md"
+    text = doc.read_text()
+    refreshed, count = script("embed_tables").embed(text)
+    assert count >= 2 and refreshed == text  # rerun analyses/reproduction/embed_tables.py after `geolens table`

@@ -30,6 +30,7 @@ for table in table1 table2 table3 table4 appendixB; do
     [ -d "${sources[$table]}" ] || continue
     "$py" -m geolens table --runs "${sources[$table]}" --paper "$table" --out results/tables > /dev/null || status=1
 done
+"$py" "$here/embed_tables.py" docs/reproduction.md || status=1   # the tables the doc shows, from results/tables
 if [ -d results/float_order_hooked ]; then
     "$py" -m geolens table --runs results/float_order_hooked --paper table1 --out results/tables/float_order_hooked > /dev/null || status=1
 fi
