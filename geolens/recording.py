@@ -58,12 +58,14 @@ def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int,
                prev: dict | None = None) -> dict:
     """run.json contents (without format and timing) of a run that is training from epoch `start`;
     prev: the run's run.json before this (resumed) training, None for a new run. `segments` lists
-    who trained which part: the previous segments and one from `start` with this geolens version and
-    commit (a run written before segments were recorded starts with one of its recorded version)."""
+    who trained which part: the previous segments that began before `start` (a later one trained
+    epochs that are trained again now) and one from `start` with this geolens version and commit (a
+    run written before segments were recorded starts with one of its recorded version)."""
     versions = package_versions()
-    segments = list((prev or {}).get("segments", []))
+    segments = (prev or {}).get("segments", [])
     if prev and not segments:
         segments = [{"from_epoch": 0, "geolens": prev.get("versions", {}).get("geolens"), "geolens_commit": None}]
+    segments = [seg for seg in segments if seg["from_epoch"] < start]
     segments.append({"from_epoch": start, "geolens": versions["geolens"], "geolens_commit": source_commit()})
     return {"config": cfg.to_dict(), "versions": versions, "engine": engine, "engine_reason": why,
             "n_train": n_train, "n_test": n_test, "segments": segments, "status": "running"}

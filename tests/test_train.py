@@ -16,7 +16,7 @@ from geolens.errors import GeoError
 from geolens.run import load_run
 from geolens.schedule import parse_schedule
 from geolens.storage import load_tensors, read_metrics
-from geolens.recording import onset_events
+from geolens.recording import onset_events, run_header
 
 TINY = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, lr=1e-3)
 
@@ -67,6 +67,19 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
     assert run_full.header["segments"] == [{"from_epoch": 0, "geolens": run_full.header["versions"]["geolens"],
                                             "geolens_commit": this}]
     assert [(s["from_epoch"], s["geolens_commit"]) for s in run_part.header["segments"]] == [(0, this), (40, this)]
+
+
+
+def test_segments_drop_a_resume_whose_epochs_are_trained_again():
+    # a resume from 40 that was killed before its next checkpoint is resumed from 40 again: the second
+    # one trains those epochs, so the first one no longer names anyone's work
+    cfg = make_config("fb", **TINY)
+    prev = {"segments": [{"from_epoch": 0, "geolens": "0.1.0", "geolens_commit": "a"},
+                         {"from_epoch": 40, "geolens": "0.1.0", "geolens_commit": "b"}]}
+    segments = run_header(cfg, "fast", "", 1, 1, 40, prev)["segments"]
+    assert [(s["from_epoch"], s["geolens_commit"]) for s in segments] == [(0, "a"), (40, storage.source_commit())]
+    old = run_header(cfg, "fast", "", 1, 1, 40, {"versions": {"geolens": "0.0.9"}})["segments"]  # before segments
+    assert [(s["from_epoch"], s["geolens"], s["geolens_commit"]) for s in old][0] == (0, "0.0.9", None)
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

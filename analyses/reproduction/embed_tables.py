@@ -22,7 +22,7 @@ from pathlib import Path
 from geolens.storage import atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-BLOCK = re.compile(r"(<!-- table: (?P<path>[^|>]+?)(?: \| (?P<filter>[^>]*?))? -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+BLOCK = re.compile(r"(<!-- table: (?P<path>[^|>]+?)(?: \| (?P<filter>[^>]*?))? -->\n)(?P<body>.*?)(?P<end><!-- /table -->)", re.S)
 
 
 def table_rows(path: Path, keep: str | None) -> str:
@@ -43,7 +43,7 @@ def embed(text: str, root: Path = ROOT) -> tuple[str, int]:
     def refresh(m: re.Match) -> str:
         nonlocal count
         count += 1
-        return m.group(1) + table_rows(root / m.group("path").strip(), m.group("filter")) + m.group(5)
+        return m.group(1) + table_rows(root / m.group("path").strip(), m.group("filter")) + m.group("end")
 
     return BLOCK.sub(refresh, text), count
 
