@@ -130,8 +130,10 @@ def train_batched(cfgs: list[GeoConfig], outs: list[str | Path], force: bool = F
 
 
 def resume_batched(outs: list[str | Path], progress: bool = True, min_stack: int = 1,
-                   on_eval: Callable[[int, list[bool]], None] | None = None) -> list[TrainResult]:
-    """Continue the member runs in `outs`, stacked, from their resume states (all at the same epoch).
+                   on_eval: Callable[[int, list[bool]], None] | None = None,
+                   epochs: int | None = None) -> list[TrainResult]:
+    """Continue the member runs in `outs`, stacked, from their resume states (all at the same epoch),
+    to their own epoch budget or to `epochs` (which extends a finished run).
 
     A member continues bit for bit as in the uninterrupted stack it was trained in, provided it is
     again stacked with at least one other model (min_stack=2 if it was) on as many threads.
@@ -141,7 +143,7 @@ def resume_batched(outs: list[str | Path], progress: bool = True, min_stack: int
     if not runs:
         raise GeoError("a batched resume needs at least one member run directory")
     headers = [r.read_header() for r in runs]
-    cfgs = [GeoConfig.from_dict(h["config"]) for h in headers]
+    cfgs = [GeoConfig.from_dict({**h["config"], **({} if epochs is None else {"epochs": epochs})}) for h in headers]
     check_members(cfgs)
     dev = training_device(cfgs[0])
     engine = preflight(cfgs[0], dev, members=len(cfgs))

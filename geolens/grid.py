@@ -10,8 +10,9 @@ lr 6e-4 -> lr6e-4, lr 0.01 -> lr1e-2, wd 1.0 -> wd1, wd 0.1 -> wd0.1, wd 1e-4 ->
 
 Each member's folder is inspected before anything runs: missing -> new; finished with the same
 config -> done (skipped); same config, not finished -> resumed from its resume state, finished
-(if killed between its last checkpoint and the final record) or restarted (no resume state); a
-different config -> a GeoError naming the field (the folder is never overwritten).
+(if killed between its last checkpoint and the final record) or restarted (no resume state); the
+same config but a smaller epoch budget -> extended (resumed to the new budget), unless it stopped
+early; any other difference -> a GeoError naming the field (the folder is never overwritten).
 
 Jobs: members that may share one stacked process (geolens.batched.check_members: everything but
 MEMBER_FIELDS agrees) and start at the same epoch, split into up to `workers` chunks of at least
@@ -268,19 +269,26 @@ def inspect_member(member: Member, force: bool = False) -> None:
     found = GeoConfig.from_dict(header["config"]).to_dict()
     wanted = member.cfg.to_dict()
     for key, value in wanted.items():
-        if found[key] != value:
+        if found[key] != value and not (key == "epochs" and found[key] < value):  # a budget may be raised
             raise GeoError(f"member {member.path} exists with {key} = {found[key]!r} but the sweep asks for {value!r}; "
                            "it is never overwritten: choose another --out, or move that folder away")
-    if header.get("status") == "finished":
+    extended = found["epochs"] < wanted["epochs"]
+    if header.get("status") == "finished" and not extended:
         member.state = "done"
         return
     if not run.resume_file.exists():
+        if extended and header.get("status") == "finished":
+            raise GeoError(f"member {member.path} finished at {found['epochs']} epochs and has no resume state to "
+                           f"extend it to {wanted['epochs']}; keep its budget, or move that folder away")
         member.state = "restart"
         return
     step = int(load_tensors(run.resume_file)["epoch"].item())
     rows = [r for r in read_metrics(run.metrics_csv) if r["epoch"] <= step]
-    over = step >= member.cfg.epochs or early_stop_due(member.cfg, step, onset_events(rows))
-    member.state, member.start = ("finish" if over else "resume"), step
+    stopped = early_stop_due(member.cfg, step, onset_events(rows))
+    if header.get("status") == "finished":  # extended: continued unless it had stopped early
+        member.state, member.start = ("done" if stopped else "resume"), step
+        return
+    member.state, member.start = ("finish" if step >= member.cfg.epochs or stopped else "resume"), step
 
 
 # ---- jobs ------------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def run_job(job: Job, on_eval: Callable[[int, list[bool]], None] | None = None) 
         for path in paths:
             finish_member(path)
     elif job.kind == "resume":
-        resume_batched(paths, progress=False, min_stack=MIN_STACK, on_eval=on_eval)
+        resume_batched(paths, progress=False, min_stack=MIN_STACK, on_eval=on_eval, epochs=job.members[0].cfg.epochs)
     else:  # a "restart" member holds a run that never reached a checkpoint (checked when planning): replaced
         train_batched([m.cfg for m in job.members], paths, force=any(m.state == "restart" for m in job.members),
                       progress=False, min_stack=MIN_STACK, on_eval=on_eval)

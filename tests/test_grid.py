@@ -156,7 +156,7 @@ def test_ends_schedule_saves_only_the_first_and_last_state(tmp_path):
 
 # ---- members on disk ----------------------------------------------------------------------------
 def _member(tmp_path, name="m", **changes):
-    cfg = make_config("ln", seed=1, data_seed=1, **{**TINY, "epochs": 20, "checkpoints": "every:10", **changes})
+    cfg = make_config("ln", **{"seed": 1, "data_seed": 1, **TINY, "epochs": 20, "checkpoints": "every:10", **changes})
     return Member(name, cfg, tmp_path / name)
 
 
@@ -172,7 +172,7 @@ def test_member_states(tmp_path, monkeypatch):
     inspect_member(m, force=True)
     assert m.state == "restart"
     # a different config is refused naming the field, whichever side it differs on
-    for change, needle in ((dict(epochs=40), "epochs = 20 but the sweep asks for 40"), (dict(lr=1e-3), "lr = "),
+    for change, needle in ((dict(epochs=10), "epochs = 20 but the sweep asks for 10"), (dict(lr=1e-3), "lr = "),
                            (dict(d_mlp=32), "d_mlp = 64 but the sweep asks for 32")):
         with pytest.raises(GeoError, match=needle) as info:
             inspect_member(_member(tmp_path, **change))
@@ -222,6 +222,41 @@ def test_member_killed_after_its_last_checkpoint_is_finished_without_training(tm
     assert run.events == events
 
 
+def test_a_raised_budget_extends_finished_members_bit_for_bit(tmp_path, assert_identical_runs):
+    from geolens.storage import read_metrics, write_metrics
+    from geolens.sweep import run_job
+
+    short = [_member(tmp_path / "short", f"seed_{s}", seed=s, data_seed=s) for s in (1, 2)]
+    train_batched([m.cfg for m in short], [m.path for m in short], progress=False, min_stack=2)
+    members = [_member(tmp_path / "short", f"seed_{s}", seed=s, data_seed=s, epochs=40) for s in (1, 2)]
+    for m in members:
+        inspect_member(m)
+        assert (m.state, m.start) == ("resume", 20)
+    [job] = plan_jobs(members, workers=1)
+    assert (job.kind, job.cost) == ("resume", 2 * 20)
+    run_job(job)
+    whole = [_member(tmp_path / "whole", f"seed_{s}", seed=s, data_seed=s, epochs=40) for s in (1, 2)]
+    train_batched([m.cfg for m in whole], [m.path for m in whole], progress=False, min_stack=2)
+    for m, w in zip(members, whole):
+        assert_identical_runs(m.path, w.path)
+        segments = json.loads((m.path / "run.json").read_text())["segments"]
+        assert [seg["from_epoch"] for seg in segments] == [0, 20]
+        inspect_member(m)
+        assert m.state == "done"
+    # a member that stopped early stays done under a larger budget
+    stopped = _member(tmp_path, "stopped", early_stop_after=5)
+    train_batched([stopped.cfg], [stopped.path], progress=False)
+    rows = read_metrics(stopped.path / "metrics.csv")
+    write_metrics(stopped.path / "metrics.csv", [{**r, "test_acc": 1.0} for r in rows])
+    longer = _member(tmp_path, "stopped", early_stop_after=5, epochs=40)
+    inspect_member(longer)
+    assert longer.state == "done"
+    # without a resume state a finished member cannot be extended: refused in one line
+    (members[0].path / "resume.safetensors").unlink()
+    with pytest.raises(GeoError, match="no resume state to extend it to 80"):
+        inspect_member(_member(tmp_path / "short", "seed_1", epochs=80))
+
+
 def test_plan_groups_stackable_members_and_balances_workers(tmp_path):
     grid = make_grid(flags=dict(presets="fb,ln", lr="1e-3,3e-3", seeds="1-5", epochs="ln=300,100"), sets=TINY_SET)
     members = expand(grid, tmp_path, "nested")
@@ -268,7 +303,7 @@ def test_one_configuration_sweeps_are_recognised_by_the_grid(tmp_path):
     flat = make_grid(flags={**flags, "presets": "fb"}, sets=TINY_SET)
     assert run_sweep(flat, tmp_path / "fb" / "lr6e-4", progress=False).status == {"seed_1": "skipped",
                                                                                  "seed_2": "skipped"}
-    # a changed budget is refused, naming the field
-    with pytest.raises(GeoError, match="epochs = 4 but the sweep asks for 8"):
-        run_sweep(make_grid(flags={**flags, "presets": "fb,ln", "epochs": "ln=8,4"}, sets=TINY_SET), tmp_path,
+    # a lowered budget is refused, naming the field
+    with pytest.raises(GeoError, match="epochs = 4 but the sweep asks for 2"):
+        run_sweep(make_grid(flags={**flags, "presets": "fb,ln", "epochs": "ln=2,4"}, sets=TINY_SET), tmp_path,
                   progress=False)
