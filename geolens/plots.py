@@ -18,6 +18,8 @@ from typing import Sequence, Union
 from geolens.storage import atomic_write_bytes
 
 PANEL_WIDTH = 5.2  # inches per panel in the static export, by default
+LEGEND_INSIDE = 4  # legends with more entries go below the panels (static export)
+LEGEND_COLUMNS = 4
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 #: Line.marker -> (matplotlib marker, filled, size; plotly symbol, size): a path's start and end
 MARKERS = {"dot": ("o", True, 3, "circle", 6), "start": ("o", False, 8, "circle-open", 11),
@@ -233,11 +235,31 @@ def to_matplotlib(spec: FigureSpec):
             ax.set_xticks(range(len(slots.labels)), slots.labels, fontsize=7)
         if panel.xticks is not None:
             ax.set_xticks([p for p, _ in panel.xticks], [_wrap(t, TICK_CHARS, "\n") for _, t in panel.xticks], fontsize=6)
-        if any(getattr(t, "name", "") and getattr(t, "legend", True) for t in panel.traces if not isinstance(t, Heatmap)):
-            ax.legend(fontsize=7)
     fig.suptitle(_wrap(spec.title, chars * cols, "\n"), fontsize=10)
-    fig.tight_layout()
+    _legends(fig, axes.flat[: len(spec.panels)])
     return fig
+
+
+def _legends(fig, axes) -> None:
+    """Legends that never hide data: up to LEGEND_INSIDE entries inside the panel where it fits best;
+    more below the panels, once for the figure when every panel names the same entries."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    entries = [ax.get_legend_handles_labels() for ax in axes]
+    named = [labels for _, labels in entries if labels]
+    if named and len(named[0]) > LEGEND_INSIDE and all(labels == named[0] for labels in named):
+        handles, labels = next(e for e in entries if e[1])
+        ncol = min(len(labels), LEGEND_COLUMNS)
+        legend = fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+        height = legend.get_window_extent(FigureCanvasAgg(fig).get_renderer()).height / fig.dpi  # inches
+        fig.tight_layout(rect=(0, (height + 0.1) / fig.get_figheight(), 1, 1))
+        return
+    for ax, (_, labels) in zip(axes, entries):
+        if len(labels) > LEGEND_INSIDE:
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+        elif labels:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
 
 
 @dataclass

@@ -187,6 +187,29 @@ def test_to_matplotlib_draws_every_panel(tiny_sweep, tmp_path):
     assert [round(p.get_height(), 9) for p in ax.patches] == [round(v, 9) for v in spectrum.panels[0].traces[0].y]
 
 
+def test_long_legends_never_cover_the_data():
+    """Seven configurations over two panels (as in the Table 1 test-accuracy figure): one legend
+    below both panels; a panel of its own with seven entries: below that panel; three: inside."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from geolens.plots import FigureSpec, Panel, to_matplotlib
+
+    def panel(n):
+        return Panel("p", [Line([0, 1], [0, 1], f"config {i}") for i in range(n)], "epoch", "acc")
+
+    def overlaps(legend, fig):
+        box = legend.get_window_extent(FigureCanvasAgg(fig).get_renderer())
+        return [ax for ax in fig.axes if box.overlaps(ax.get_window_extent())]
+
+    shared = to_matplotlib(FigureSpec("shared", "t", [panel(7), panel(7)], cols=2))
+    [legend] = shared.legends
+    assert [t.get_text() for t in legend.get_texts()] == [f"config {i}" for i in range(7)]
+    assert all(ax.get_legend() is None for ax in shared.axes) and not overlaps(legend, shared)
+    own = to_matplotlib(FigureSpec("own", "t", [panel(7), panel(3)], cols=2))
+    assert not own.legends and not overlaps(own.axes[0].get_legend(), own)
+    assert own.axes[1].get_legend().get_window_extent().overlaps(own.axes[1].get_window_extent())
+
+
 def test_clock_pizza_path_reuses_the_analysis_cache(tiny_sweep, monkeypatch):
     run = load_run(tiny_sweep / "sphere" / "lr4e-3" / "seed_2")
     steps, dist, sym = clock_pizza_path(run)
