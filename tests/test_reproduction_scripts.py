@@ -79,3 +79,20 @@ def test_the_reproduction_doc_shows_the_committed_tables():
     text = doc.read_text()
     refreshed, count = script("embed_tables").embed(text)
     assert count >= 2 and refreshed == text  # rerun analyses/reproduction/embed_tables.py after `geolens table`
+
+
+def test_every_reproduction_grid_expands_and_run_cpu_runs_each(tmp_path):
+    """Each name run_cpu.sh runs is a grid file or a script of its own; each grid file expands into
+    members (an unknown preset or key, or a bad value, fails here rather than hours into a run)."""
+    import re
+
+    from geolens.grid import expand, make_grid, resolve_layout
+
+    names = re.search(r"grids=\((table1[^)]*)\)", (SCRIPTS / "run_cpu.sh").read_text()).group(1).split()
+    assert "table1_lr6e-4" in names and all((SCRIPTS / f"{n}.toml").exists() != (SCRIPTS / f"{n}.sh").exists()
+                                            for n in names)
+    for path in sorted(SCRIPTS.glob("*.toml")):
+        grid = make_grid(path)
+        members = expand(grid, tmp_path / path.stem, resolve_layout(grid, tmp_path / path.stem))
+        seeds = {m.cfg.seed for m in members}
+        assert len(seeds) >= (3 if path.stem.startswith(("table", "appendix")) else 1), path.name  # tables: >= 3 seeds

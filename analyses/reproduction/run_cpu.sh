@@ -15,7 +15,11 @@ status=0
 for name in "${grids[@]}"; do
     out=runs/$name
     echo "== $(date -Is) $name"
-    "$py" -m geolens sweep --grid "$here/$name.toml" --out "$out" --threads 1 --workers "${WORKERS:-1}" --quiet || status=1
+    if [ -f "$here/$name.sh" ]; then  # not a grid: its own script
+        bash "$here/$name.sh" "$out" || status=1
+    else
+        "$py" -m geolens sweep --grid "$here/$name.toml" --out "$out" --threads 1 --workers "${WORKERS:-1}" --quiet || status=1
+    fi
     case $name in table1_*|notebook_init) dest=results/table1/$name ;; *) dest=results/$name ;; esac
     "$py" "$here/collect.py" "$out" "$dest"
     if [ "$name" = spectral ]; then  # section 4.3: the circuit at the last checkpoint (the first logged acc >= 0.99)
