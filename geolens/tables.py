@@ -88,6 +88,7 @@ class TableRow:
     measures: list[RunMeasures]
     kind: str  # onset | peak
     note: str = ""
+    paper_epochs: int | None = None  # the paper's epoch budget, when it is one number
 
     def values(self, what: str) -> list[float]:
         """Successful seeds' values: 'onset_grid', 'onset_own', 'sustained_099', 'peak_grid', 'peak_own'."""
@@ -108,13 +109,29 @@ class TableRow:
         return sum(1 for v in self.values(what) if v >= 1.0)
 
     @property
+    def budget(self) -> int | None:
+        """The smallest epoch budget among our runs (None without runs)."""
+        return min((r.config.epochs for r in self.group.runs), default=None) if self.group else None
+
+    @property
     def verdict(self) -> str:
+        """agrees / differs (geolens.stats.verdict) / n/a; 'open (N of M epochs)' when our runs had a
+        smaller budget than the paper's and more epochs could still change the answer: seeds without
+        an onset, or a peak accuracy below the paper's (peaks only rise with more epochs). A paper row
+        without a mean (only failures) stays n/a: its failure counts are the comparison."""
         if self.paper is None:
             return "n/a"
         ours = self.summary(self.headline)
         if self.kind == "onset":
-            return verdict(ours, self.paper.get("mean"), self.paper.get("min"), self.paper.get("max"))
-        return verdict(ours, self.paper.get("mean_peak_acc"))
+            found = verdict(ours, self.paper.get("mean"), self.paper.get("min"), self.paper.get("max"))
+            unsettled = self.paper.get("mean") is not None and self.failures(self.headline) > 0
+        else:
+            paper_mean = self.paper.get("mean_peak_acc")
+            found = verdict(ours, paper_mean)
+            unsettled = found != "agrees" and paper_mean is not None and (ours.n == 0 or ours.mean < paper_mean)
+        if unsettled and self.budget is not None and self.paper_epochs is not None and self.budget < self.paper_epochs:
+            return f"open ({self.budget:,} of {self.paper_epochs:,} epochs)"
+        return found
 
     def record(self, table: str, rule: Rule) -> dict[str, Any]:
         """The CSV row (columns: docs/cli.md, "geolens table")."""
@@ -210,7 +227,7 @@ def build_table(groups: list[RunGroup], table: PaperTable | None) -> BuiltTable:
 
     def row(paper, group, note=""):
         measures = [RunMeasures.of(r, rule) for r in group.runs] if group else []
-        return TableRow(paper, group, measures, kind, note)
+        return TableRow(paper, group, measures, kind, note, table.epochs if table else None)
 
     if table is None:
         return BuiltTable("onsets", "Grokking onsets (no paper table covers these configurations)", kind, rule, None,
@@ -349,7 +366,9 @@ def definitions(table: BuiltTable) -> str:
             f"peak = highest test accuracy over the evaluated epochs that are multiples of {rule.grid} (grid) or over all "
             f"evaluated epochs (own); full success = peak test accuracy 1.0")
     return (f"{what}. Verdict (on the grid): agrees when the paper's mean lies in our 95% CI or our mean in the paper's "
-            "min-max; differs otherwise; n/a when either side has no mean.")
+            "min-max; differs otherwise; n/a when either side has no mean; open (N of M epochs) when our runs had a "
+            "smaller epoch budget than the paper's and more epochs could change the answer (seeds without an onset, or a "
+            "peak below the paper's).")
 
 
 def to_markdown(table: BuiltTable, notes: list[str]) -> str:

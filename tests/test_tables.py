@@ -229,10 +229,15 @@ def test_s5_table_uses_at_least_099_and_averages_successes(tmp_path, write_run, 
     ln = rows["ln lr 0.001 wd 1"]
     assert ln.values("onset_grid") == [30_000, 50_200] and ln.values("onset_own") == [30_000, 50_100]
     assert ln.failures("onset_grid") == 1 and ln.summary("onset_grid").mean == 40_100
-    assert ln.verdict == "agrees"  # the paper: 39,900 over 8 successes, 24,400-58,400
+    # 40,100 lies in the paper's 24,400-58,400 (39,900 over 8 successes), but seed 3 might still grok
+    # between our 60,000 epochs and the paper's 100,000: open, not agrees
+    assert ln.verdict == "open (60,000 of 100,000 epochs)"
     sphere = rows["sphere_raw lr 0.001 wd 1"]
     assert sphere.paper.label == "sphere wd 1 lr 0.001" and sphere.failures("onset_grid") == 2
     assert sphere.verdict == "n/a"  # the paper lists only failures (10/10)
+    write_run(tmp_path / "rms1", make_config("rms", seed=1, **s5), step_curve(0, 60_000, 100, after=0.5))
+    rms = _rows(build_tables(tmp_path, "table4")[0], "table4")["rms lr 0.001 wd 1"]
+    assert rms.summary("onset_grid").n == 0 and rms.verdict == "open (60,000 of 100,000 epochs)"
     rec = next(r for r in built[0].records() if r["config"] == "sphere_raw")
     assert (rec["paper_failures"], rec["onset_grid_failures"], rec["threshold"], rec["inclusive"]) == (10, 2, 0.99, True)
     assert any("60,000 epochs, the paper 100,000" in n for n in built[0].notes)
@@ -257,6 +262,26 @@ def test_uniform_attention_table_reports_peaks_on_the_1000_grid(tmp_path, write_
     assert (fb.full_success("peak_grid"), fb.full_success("peak_own")) == (1, 2)
     rec = next(r for r in built[0].records() if r["config"] == "fb+uniform (beta2=0.98)")
     assert (rec["grid"], rec["paper_mean_peak"], rec["paper_full_success"]) == (1000, 1.0, 10)
+
+
+def test_a_budget_short_of_the_papers_leaves_a_verdict_open_only_while_more_epochs_could_change_it(
+        tmp_path, write_run, step_curve):
+    uni = dict(lr=1e-4, beta2=0.98, **ADD)
+    for s in (1, 2):  # LayerNorm at 0.3 after 3,000 epochs (the paper: 1.0 after 20,000)
+        write_run(tmp_path / "short" / f"ln{s}", make_config("ln+uniform", seed=s, epochs=3000, **uni),
+                  step_curve(0, 3000, after=0.3))
+        write_run(tmp_path / "full" / f"ln{s}", make_config("ln+uniform", seed=s, epochs=20_000, **uni),
+                  step_curve(0, 20_000, after=0.3))
+        write_run(tmp_path / "short" / f"fb{s}", make_config("fb+uniform", seed=s, epochs=3000, **uni),
+                  step_curve(1000, 3000, after=1.0))
+        write_run(tmp_path / "short" / f"sr{s}", make_config("sphere_raw+uniform", seed=s, epochs=3000, **uni),
+                  step_curve(1000, 3000, after=1.0))
+    short = _rows(build_tables(tmp_path / "short", "table3")[0], "table3")
+    assert short["ln+uniform (beta2=0.98) lr 0.0001 wd 1"].verdict == "open (3,000 of 20,000 epochs)"
+    assert short["fb+uniform (beta2=0.98) lr 0.0001 wd 0"].verdict == "agrees"  # 1.0 already: cannot change
+    assert short["sphere_raw+uniform (beta2=0.98) lr 0.0001 wd 1"].verdict == "differs"  # above 0.9765: peaks only rise
+    full = _rows(build_tables(tmp_path / "full", "table3")[0], "table3")
+    assert full["ln+uniform (beta2=0.98) lr 0.0001 wd 1"].verdict == "differs"
 
 
 def test_default_tables_follow_task_and_attention(tmp_path, write_run, step_curve):
