@@ -202,7 +202,7 @@ def _train_stack(runs: list[RunDir], cfgs: list[GeoConfig], models: list[GeoTran
                       (prevs[i] or {}).get("timing", {}),
                       claims[i] if claims is not None else None) for i in range(R)]
     step = StackedStep(forward, models, opts, R, train_x, train_y, test_x, test_y)
-    label = f"{R} x {cfg.preset or cfg.norm} {cfg.task} p={cfg.p}"
+    label = f"{R} x {cfg.preset or cfg.norm} {cfg.task_label}"
     return run_epochs(members, step, start, resumed, engine, label,
                       lambda new_rows, running: sweep_stats([r["test_acc"] for r in new_rows], running, R), progress,
                       timing_extra={"members": S}, on_eval=on_eval)

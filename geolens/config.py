@@ -85,6 +85,11 @@ class GeoConfig:
         return self.n_classes
 
     @property
+    def task_label(self) -> str:
+        """The task in words: 'add p=113', 'perm S5'."""
+        return f"perm S{self.n_perm}" if self.task == "perm" else f"{self.task} p={self.p}"
+
+    @property
     def n_ctx(self) -> int:
         return 3
 

@@ -28,7 +28,7 @@ import torch
 from geolens.errors import GeoError
 from geolens.plots import PALETTE, PANEL_WIDTH, Bar, FigureSpec, Line, Panel, html_page, save_static
 from geolens.run import Run
-from geolens.runset import RunGroup, find_runs, group_runs, task_label
+from geolens.runset import RunGroup, find_runs, group_runs
 from geolens.storage import atomic_write_bytes
 from geolens.tables import BuiltTable, tables_for
 
@@ -44,7 +44,7 @@ def group_colors(groups: Sequence[RunGroup]) -> dict[int, str]:
 
 
 def _tasks(groups: Sequence[RunGroup]) -> list[str]:
-    return list(dict.fromkeys(task_label(g.config) for g in groups))
+    return list(dict.fromkeys(g.config.task_label for g in groups))
 
 
 # ---- curves from metrics.csv --------------------------------------------------------------------
@@ -53,7 +53,7 @@ def fig_test_accuracy(groups: Sequence[RunGroup], zoom: int = ZOOM_EPOCHS) -> Fi
     colors = group_colors(groups)
     panels = []
     for task in _tasks(groups):
-        members = [g for g in groups if task_label(g.config) == task]
+        members = [g for g in groups if g.config.task_label == task]
         for title, limit in (("", None), (f", first {zoom:,} epochs", zoom)):
             traces = []
             for g in members:

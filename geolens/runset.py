@@ -48,7 +48,7 @@ class RunGroup:
     @property
     def full_label(self) -> str:
         """label with the task: 'fb lr 0.0006 wd 0, add p=113'."""
-        return f"{self.label}, {task_label(self.config)}"
+        return f"{self.label}, {self.config.task_label}"
 
     @property
     def seeds(self) -> list[int]:
@@ -124,10 +124,6 @@ def config_name(cfg: GeoConfig) -> str:
     if cfg.init == "tl":
         mods.append("tl_init")
     return "+".join([base, *mods])
-
-
-def task_label(cfg: GeoConfig) -> str:
-    return f"perm S{cfg.n_perm}" if cfg.task == "perm" else f"{cfg.task} p={cfg.p}"
 
 
 def extras(cfg: GeoConfig) -> dict[str, object]:

@@ -19,7 +19,7 @@ from typing import Any
 from geolens.errors import GeoError
 from geolens.paper import TABLES, PaperRow, PaperTable, paper_table
 from geolens.run import Run
-from geolens.runset import RunGroup, find_runs, group_runs, task_label
+from geolens.runset import RunGroup, find_runs, group_runs
 from geolens.stats import Summary, summarize, verdict
 from geolens.storage import atomic_write_bytes
 
@@ -145,7 +145,7 @@ class TableRow:
             "config": g.variant if g else "",
             "lr": cfg.lr if cfg else "",
             "weight_decay": cfg.weight_decay if cfg else "",
-            "task": task_label(cfg) if cfg else "",
+            "task": cfg.task_label if cfg else "",
             "group": g.full_label if g else "",
             "presets": " ".join(sorted({r.config.preset for r in g.runs})) if g else "",
             "seeds": " ".join(map(str, g.seeds)) if g else "",
@@ -282,7 +282,7 @@ def tables_for(groups: list[RunGroup], paper: str | None, root: str | Path) -> t
     if paper is not None:
         table = paper_table(paper)
         others = [g for g in groups if g not in claimed[paper]]
-        notes += [f"not part of {paper} ({task_label(g.config)}, attention {g.config.attention}): {g.full_label}" for g in others]
+        notes += [f"not part of {paper} ({g.config.task_label}, attention {g.config.attention}): {g.full_label}" for g in others]
         if not claimed[paper]:
             raise GeoError(f"no run under {root} belongs to {paper} (task {table.family['task']}, attention "
                            f"{table.family['attention']}); found: {', '.join(g.full_label for g in groups)}")

@@ -255,7 +255,7 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
                     run_header(cfg, engine, why, len(train_y), len(test_y), start, prev),
                     (prev or {}).get("timing", {}), claim)
     step = SingleStep(model, opt, forward, train_x, train_y, test_x, test_y)
-    label = f"{cfg.preset or cfg.norm} {cfg.task} p={cfg.p}"
+    label = f"{cfg.preset or cfg.norm} {cfg.task_label}"
     return run_epochs([member], step, start, resumed, engine, label, lambda rows, active: run_stats(rows[0]),
                       progress)[0]
 

@@ -88,3 +88,8 @@ def test_presets_and_modifiers():
 def test_config_json_round_trip():
     cfg = make_config("rms+uniform", p=31, lr=1e-3, early_stop_after=100)
     assert GeoConfig.from_dict(__import__("json").loads(cfg.to_json())) == cfg
+
+
+def test_task_label_names_the_task_and_its_size():
+    assert make_config("fb", task="add", p=113).task_label == "add p=113"
+    assert make_config("ln", task="perm", n_perm=5).task_label == "perm S5"  # no modulus for S_n
