@@ -125,8 +125,8 @@ def test_sweep_cli_writes_member_runs_skips_finished_and_refuses_changed(tmp_pat
     assert "seed_7" in capsys.readouterr().out
     app(args, standalone_mode=False)  # finished members are skipped
     assert capsys.readouterr().out.count("skipped") == 3
-    with pytest.raises(GeoError, match="epochs = 10 but the sweep asks for 20"):
-        app([a if a != "10" else "20" for a in args], standalone_mode=False)
+    with pytest.raises(GeoError, match="epochs = 10 but the sweep asks for 5"):  # a budget is only ever raised
+        app([a if a != "10" else "5" for a in args], standalone_mode=False)
     with pytest.raises(GeoError, match="--seeds"):
         app(args[:6] + ["1,1"] + args[7:], standalone_mode=False)
 
