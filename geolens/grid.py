@@ -272,12 +272,12 @@ def inspect_member(member: Member, force: bool = False) -> None:
         if found[key] != value and not (key == "epochs" and found[key] < value):  # a budget may be raised
             raise GeoError(f"member {member.path} exists with {key} = {found[key]!r} but the sweep asks for {value!r}; "
                            "it is never overwritten: choose another --out, or move that folder away")
-    extended = found["epochs"] < wanted["epochs"]
-    if header.get("status") == "finished" and not extended:
+    finished, extended = header.get("status") == "finished", found["epochs"] < wanted["epochs"]
+    if finished and not extended:
         member.state = "done"
         return
     if not run.resume_file.exists():
-        if extended and header.get("status") == "finished":
+        if finished:  # and extended
             raise GeoError(f"member {member.path} finished at {found['epochs']} epochs and has no resume state to "
                            f"extend it to {wanted['epochs']}; keep its budget, or move that folder away")
         member.state = "restart"
@@ -285,7 +285,7 @@ def inspect_member(member: Member, force: bool = False) -> None:
     step = int(load_tensors(run.resume_file)["epoch"].item())
     rows = [r for r in read_metrics(run.metrics_csv) if r["epoch"] <= step]
     stopped = early_stop_due(member.cfg, step, onset_events(rows))
-    if header.get("status") == "finished":  # extended: continued unless it had stopped early
+    if finished:  # extended: continued unless it had stopped early
         member.state, member.start = ("done" if stopped else "resume"), step
         return
     member.state, member.start = ("finish" if step >= member.cfg.epochs or stopped else "resume"), step
