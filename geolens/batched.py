@@ -14,8 +14,9 @@ as a single run would, and is written as an ordinary run directory (run.json wit
 metrics.csv, events.json, checkpoints/, resume.safetensors in the single-run key format), so
 `geolens train --resume --out DIR` continues a member with the single-run code, and resume_batched
 continues members stacked, from their resume states. A member that early-stops is finalised and no
-longer recorded; the stack keeps stepping it until every member is done (the batch ends when the
-last member stops).
+longer recorded nor trained: the stack shrinks to the members still running (with one finished
+member kept as an unrecorded passenger while fewer than two are left); the batch ends when the last
+member stops.
 
 A member's numbers do not depend on the other members of a stack of two or more (every per-member
 computation is sliced the same way; measured bit for bit at p = 23 and 113), so a member continues
@@ -231,6 +232,19 @@ class StackedStep:
     def update(self) -> None:
         for opt in self.opts:
             opt.step()
+
+    def keep(self, running: list[bool]) -> None:
+        """Train only the recorded members whose flag is True, plus one unrecorded passenger (a finished
+        member or the original one) while fewer than two are left: a member's numbers are the same in
+        every stack of two or more, so they do not change."""
+        keep = [i for i, r in enumerate(running) if r]
+        passenger = [next(i for i in range(len(self.models)) if i not in keep)] if len(keep) < 2 else []
+        self.recorded = len(keep)
+        keep += passenger
+        self.models, self.opts = [self.models[i] for i in keep], [self.opts[i] for i in keep]
+        self.train_x, self.test_x = [self.train_x[i] for i in keep], [self.test_x[i] for i in keep]
+        self.train_y, self.test_y = self.train_y[keep], self.test_y[keep]
+        self.forward = StackedForward(self.models)
 
 
 @torch.no_grad()

@@ -63,11 +63,15 @@ class Step(Protocol):
         """Training forward at the current weights and backward (fills every parameter's .grad)."""
 
     def evaluate(self, epoch: int, elapsed: float) -> list[dict]:
-        """The metrics rows of the recorded members at this state (from the last backward's forward
-        and a test forward); elapsed: seconds since the loop started."""
+        """The metrics rows of the recorded members it still trains, in order, at this state (from the
+        last backward's forward and a test forward); elapsed: seconds since the loop started."""
 
     def update(self) -> None:
         """The optimizer step of every model."""
+
+    def keep(self, running: list[bool]) -> None:
+        """Stop training the recorded members it trains whose running flag is False (some stay True);
+        only a step of several members is asked."""
 
 
 @dataclass
@@ -100,7 +104,7 @@ def run_epochs(members: list[Member], step: Step, start: int, resumed: bool, eng
     checkpoint when its schedule asks or it is done (queued on one BackgroundWriter; a new run's
     claim swaps it into place after its first one), its final records once done; then the progress bar
     (label; describe(rows, members running)) and on_eval(epoch, done flags); then step.update().
-    A finished member is no longer recorded; the step goes on until every member is done.
+    A finished member is no longer recorded nor trained (step.keep); the loop ends when every member is done.
 
     Timing: train_s (backward and update; queued GPU work is waited for before each evaluation),
     eval_s, ckpt_s, epochs_timed, plus timing_extra, added to each member's prev_timing.
@@ -114,6 +118,7 @@ def run_epochs(members: list[Member], step: Step, start: int, resumed: bool, eng
     for m in members:
         m.run.write_header({**m.header, "timing": _run_timing(timing, m.prev_timing)})
     elapsed0 = [m.rows[-1]["elapsed_s"] if m.rows else 0.0 for m in members]
+    active = list(range(len(members)))  # the members the step trains: step.evaluate's rows, in order
     bar = EpochProgress(cfg.epochs, start, progress, label)
     t_start = time.perf_counter()
     epoch = start
@@ -130,16 +135,18 @@ def run_epochs(members: list[Member], step: Step, start: int, resumed: bool, eng
                 rows = step.evaluate(epoch, t1 - t_start)
                 t2 = time.perf_counter()
                 timing["eval_s"] += t2 - t1
-                running = [m for m in members if m.stop_reason is None]
-                for m, row, e0 in zip(members, rows, elapsed0):
-                    if m.stop_reason is None:
-                        _record(writer, m, {**row, "elapsed_s": row["elapsed_s"] + e0}, epoch, schedule,
-                                _run_timing(timing, m.prev_timing))
+                for i, row in zip(active, rows):
+                    _record(writer, members[i], {**row, "elapsed_s": row["elapsed_s"] + elapsed0[i]}, epoch, schedule,
+                            _run_timing(timing, members[i].prev_timing))
                 timing["ckpt_s"] += time.perf_counter() - t2
-                for m in running:
+                for m in (members[i] for i in active):
                     if m.stop_reason is not None:
                         m.events = finish_run(writer, m.run, m.header, m.rows, start, m.stop_reason, cfg.eval_every,
                                               _run_timing(timing, m.prev_timing))
+                still = [i for i in active if members[i].stop_reason is None]
+                if still and len(still) < len(active):
+                    step.keep([members[i].stop_reason is None for i in active])
+                active = still
                 done = [m.stop_reason is not None for m in members]
                 bar.update(epoch, describe(rows, done.count(False)))
                 if on_eval is not None:

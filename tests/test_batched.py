@@ -102,6 +102,26 @@ def test_early_stop_is_per_member(tmp_path, monkeypatch):
         _assert_same_run(res.path, tmp_path / f"single_{cfg.seed}", atol=2e-6)
 
 
+def test_finished_members_leave_the_stack_and_the_others_do_not_change(tmp_path, monkeypatch, assert_identical_runs):
+    # members stop at 10 and 25: the stack trains 3 models, then 2, then the last member with one
+    # finished model as passenger; each member's run is bit for bit the one it gets stacked throughout
+    # with a copy of itself (min_stack=2), so leaving the stack changes nobody's numbers
+    from geolens import batched
+
+    monkeypatch.setattr(recording, "SUSTAINED_ACC", 0.0)
+    base = make_config("fb", **{**TINY, "lr": 3e-3, "epochs": 40})
+    cfgs = [base.replace(seed=s, data_seed=s, early_stop_after=n) for s, n in ((1, 10), (2, 25), (3, None))]
+    sizes = []
+    real = batched.StackedForward.__call__
+    monkeypatch.setattr(batched.StackedForward, "__call__", lambda self, tokens: sizes.append(len(tokens)) or real(self, tokens))
+    train_batched(cfgs, [tmp_path / "stack" / f"m{c.seed}" for c in cfgs], progress=False)
+    # one training forward per epoch 0..40 and a test forward at every evaluation (every 5 epochs)
+    assert sizes == [3] * (11 + 3) + [2] * (15 + 3) + [2] * (15 + 3), sizes
+    for cfg in cfgs:
+        train_batched([cfg], [tmp_path / "alone" / f"m{cfg.seed}"], progress=False, min_stack=2)
+        assert_identical_runs(tmp_path / "stack" / f"m{cfg.seed}", tmp_path / "alone" / f"m{cfg.seed}")
+
+
 @pytest.mark.parametrize("field,value", [("d_mlp", 32), ("norm", "rmsnorm"), ("p", 29), ("epochs", 10),
                                          ("attention", "uniform")])
 def test_mixed_shapes_are_refused_naming_the_field(tmp_path, field, value):
