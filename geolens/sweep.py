@@ -4,7 +4,8 @@ The driver (run_sweep) only plans, launches, watches and reports: the workers tr
 write the members' ordinary run directories themselves (on a shared filesystem when the workers are
 on other machines). Workers report each evaluation to the driver, which shows one progress display
 (members done / running / failed / skipped, epochs, ETA) and keeps OUT/sweep.json: the command,
-the backend, and every member's status and, for a failed one, its error.
+the backend, and every member's status and, for a failed one, its error (members of other sweeps
+into OUT keep their entries).
 
 local: `workers` spawned processes, each pinned to its share of this process's cores
 (os.sched_setaffinity) with that many torch threads (or `threads`); a worker exits when its driver
@@ -21,6 +22,7 @@ gives the same run directories on either backend and with any number of workers 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import threading
@@ -40,6 +42,7 @@ from geolens.runlock import RunLock
 from geolens.storage import RunDir, atomic_write_json, read_json, read_metrics
 
 BACKENDS = ("local", "ray")
+RECORD_LOCK = ".sweep.lock"  # OUT/.sweep.lock: held while OUT/sweep.json is read and rewritten
 EVAL_REPORT_S = 0.5  # a worker reports a job's progress at most this often (and whenever a member finishes)
 Send = Callable[[tuple], None]
 
@@ -376,13 +379,26 @@ class SweepMonitor:
                 .format(**counts))
 
     def write_record(self, finished: bool) -> None:
+        """OUT/sweep.json: this sweep's command and members, then the last recorded entry of every member
+        of other sweeps into OUT (another --preset or --seeds, another node's share), under a lock so
+        that sweeps running at once keep each other's members."""
         members = [{"name": m.name, "seed": m.cfg.seed, "found": m.state, "start_epoch": m.start,
                     "status": self.status[m.name], **({"error": self.errors[m.name],
                                                          "traceback": self.tracebacks[m.name]}
                                                         if m.name in self.errors else {})}
                    for m in self.members]
-        atomic_write_json(self.out / SWEEP_RECORD, {"format": "geolens-sweep", **self.info, "started": self.started,
-                                                    "finished": _now() if finished else None, "members": members})
+        path = self.out / SWEEP_RECORD
+        with open(self.out / RECORD_LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                previous = read_json(path, dict).get("members") if path.exists() else []
+            except (GeoError, OSError):  # unreadable: nothing to keep
+                previous = []
+            ours = {m["name"] for m in members}
+            others = [m for m in previous if isinstance(m, dict) and m.get("name") not in ours] \
+                if isinstance(previous, list) else []
+            atomic_write_json(path, {"format": "geolens-sweep", **self.info, "started": self.started,
+                                     "finished": _now() if finished else None, "members": members + others})
 
 
 def _now() -> str:

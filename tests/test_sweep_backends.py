@@ -227,3 +227,35 @@ def _in_process_run(self, jobs, handle):
 
     for job_id, job in enumerate(jobs):
         execute(job_id, job, handle)
+
+
+def test_sweeps_into_one_folder_keep_each_others_members_in_the_record(tmp_path, monkeypatch):
+    # two sweeps share OUT (e.g. one per preset, or one per node): sweep.json keeps the members of both,
+    # a failed member's error included, and the later sweep's own entries replace the earlier ones
+    import geolens.sweep as sweep
+
+    out = tmp_path / "sw"
+    small = dict(seeds="1", p="23", frac=0.5, epochs="20", eval_every=10)
+    sets = ["d_model=32", "d_head=8", "d_mlp=64"]
+    real = sweep.run_job
+
+    def broken(job, on_eval=None):
+        if job.members[0].cfg.preset == "ln":
+            raise RuntimeError("disk on fire")
+        return real(job, on_eval)
+
+    monkeypatch.setattr(sweep, "run_job", broken)
+    monkeypatch.setattr(sweep.LocalBackend, "run", _in_process_run)
+    run_sweep(make_grid(flags=dict(presets="ln", layout="nested", **small), sets=sets), out, progress=False)
+    run_sweep(make_grid(flags=dict(presets="fb", **small), sets=sets), out, progress=False)
+    record = json.loads((out / "sweep.json").read_text())
+    by_name = {m["name"]: m for m in record["members"]}
+    assert sorted(by_name) == ["p23/fb/lr6e-4/seed_1", "p23/ln/lr6e-4/seed_1"]
+    assert by_name["p23/fb/lr6e-4/seed_1"]["status"] == "finished"
+    assert by_name["p23/ln/lr6e-4/seed_1"]["status"] == "failed"
+    assert "disk on fire" in by_name["p23/ln/lr6e-4/seed_1"]["traceback"]
+    monkeypatch.setattr(sweep, "run_job", real)  # the ln member retried: its entry is replaced
+    run_sweep(make_grid(flags=dict(presets="ln", **small), sets=sets), out, progress=False)
+    record = json.loads((out / "sweep.json").read_text())
+    assert [(m["name"], m["status"], "error" in m) for m in record["members"]] == [
+        ("p23/ln/lr6e-4/seed_1", "finished", False), ("p23/fb/lr6e-4/seed_1", "finished", False)]
