@@ -184,13 +184,9 @@ def test_killed_ray_driver_leaves_no_tasks_and_resumes(reference, ray_address, t
     _assert_same_sweep(reference, out, assert_identical_runs)
 
 
-def test_a_failed_job_is_recorded_and_the_sweep_exits_non_zero(tmp_path, monkeypatch, capsys):
-    from geolens.cli import main
-
-    out = tmp_path / "sw"
-    # the ln job raises: its members are failed with the error (kept in sweep.json), the fb job trains
-    grid = make_grid(flags=dict(presets="fb,ln", seeds="1-2", p="23", frac=0.5, epochs="20", eval_every=10),
-                     sets=["d_model=32", "d_head=8", "d_mlp=64"])
+def _ln_jobs_fail_in_process(monkeypatch):
+    """Jobs run in this process (sweep.LocalBackend.run) and every ln job raises 'disk on fire';
+    returns the real sweep.run_job."""
     import geolens.sweep as sweep
 
     real = sweep.run_job
@@ -202,6 +198,17 @@ def test_a_failed_job_is_recorded_and_the_sweep_exits_non_zero(tmp_path, monkeyp
 
     monkeypatch.setattr(sweep, "run_job", broken)
     monkeypatch.setattr(sweep.LocalBackend, "run", _in_process_run)
+    return real
+
+
+def test_a_failed_job_is_recorded_and_the_sweep_exits_non_zero(tmp_path, monkeypatch, capsys):
+    from geolens.cli import main
+
+    out = tmp_path / "sw"
+    # the ln job raises: its members are failed with the error (kept in sweep.json), the fb job trains
+    grid = make_grid(flags=dict(presets="fb,ln", seeds="1-2", p="23", frac=0.5, epochs="20", eval_every=10),
+                     sets=["d_model=32", "d_head=8", "d_mlp=64"])
+    _ln_jobs_fail_in_process(monkeypatch)
     result = run_sweep(grid, out, progress=False)
     assert result.failed == ["p23/ln/lr6e-4/seed_1", "p23/ln/lr6e-4/seed_2"]
     assert result.errors["p23/ln/lr6e-4/seed_1"] == "RuntimeError: disk on fire"
@@ -237,15 +244,7 @@ def test_sweeps_into_one_folder_keep_each_others_members_in_the_record(tmp_path,
     out = tmp_path / "sw"
     small = dict(seeds="1", p="23", frac=0.5, epochs="20", eval_every=10)
     sets = ["d_model=32", "d_head=8", "d_mlp=64"]
-    real = sweep.run_job
-
-    def broken(job, on_eval=None):
-        if job.members[0].cfg.preset == "ln":
-            raise RuntimeError("disk on fire")
-        return real(job, on_eval)
-
-    monkeypatch.setattr(sweep, "run_job", broken)
-    monkeypatch.setattr(sweep.LocalBackend, "run", _in_process_run)
+    real = _ln_jobs_fail_in_process(monkeypatch)
     run_sweep(make_grid(flags=dict(presets="ln", layout="nested", **small), sets=sets), out, progress=False)
     run_sweep(make_grid(flags=dict(presets="fb", **small), sets=sets), out, progress=False)
     record = json.loads((out / "sweep.json").read_text())
