@@ -55,6 +55,12 @@ class RunGroup:
         return [r.config.seed for r in self.runs]
 
     @property
+    def epochs(self) -> tuple[int, int]:
+        """(smallest, largest) epoch budget among its runs."""
+        budgets = [r.config.epochs for r in self.runs]
+        return min(budgets), max(budgets)
+
+    @property
     def representative(self) -> Run:
         """The run with the lowest seed (the one drawn where a figure shows one run per configuration)."""
         return self.runs[0]

@@ -111,7 +111,7 @@ class TableRow:
     @property
     def budget(self) -> int | None:
         """The smallest epoch budget among our runs (None without runs)."""
-        return min((r.config.epochs for r in self.group.runs), default=None) if self.group else None
+        return self.group.epochs[0] if self.group and self.group.runs else None
 
     @property
     def verdict(self) -> str:
@@ -249,10 +249,15 @@ def build_table(groups: list[RunGroup], table: PaperTable | None) -> BuiltTable:
     notes += [f"paper {p.label}: {p.values['note']}" for p in rows if "note" in p.values]
     notes += list(table.notes)
     if table.epochs is not None:
-        notes += [f"{g.full_label}: trained for at most {max(r.config.epochs for r in g.runs):,} epochs, the paper "
-                  f"{table.epochs:,}" for gs in matched.values() for g in gs
-                  if max(r.config.epochs for r in g.runs) < table.epochs]
+        notes += [f"{g.full_label}: trained for {_epoch_span(g.epochs)} epochs, the paper {table.epochs:,}"
+                  for gs in matched.values() for g in gs if g.epochs[0] < table.epochs]
     return BuiltTable(table.name, table.title, kind, rule, table, out, notes + grid_notes(groups, rule))
+
+
+def _epoch_span(lo_hi: tuple[int, int]) -> str:
+    """'3,000' or '3,000-20,000'."""
+    lo, hi = lo_hi
+    return f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
 
 
 def grid_notes(groups: list[RunGroup], rule: Rule) -> list[str]:

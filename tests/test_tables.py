@@ -3,6 +3,7 @@
 import csv
 import json
 import math
+import shutil
 import sys
 
 import numpy as np
@@ -282,6 +283,14 @@ def test_a_budget_short_of_the_papers_leaves_a_verdict_open_only_while_more_epoc
     assert short["sphere_raw+uniform (beta2=0.98) lr 0.0001 wd 1"].verdict == "differs"  # above 0.9765: peaks only rise
     full = _rows(build_tables(tmp_path / "full", "table3")[0], "table3")
     assert full["ln+uniform (beta2=0.98) lr 0.0001 wd 1"].verdict == "differs"
+    # one seed extended to the paper's budget, one not: still open, and the note gives both budgets
+    shutil.copytree(tmp_path / "short" / "ln1", tmp_path / "mixed" / "ln1")
+    shutil.copytree(tmp_path / "full" / "ln2", tmp_path / "mixed" / "ln2")
+    mixed = build_tables(tmp_path / "mixed", "table3")[0][0]
+    assert _rows([mixed], "table3")["ln+uniform (beta2=0.98) lr 0.0001 wd 1"].verdict == "open (3,000 of 20,000 epochs)"
+    assert "ln+uniform (beta2=0.98) lr 0.0001 wd 1, add p=113: trained for 3,000-20,000 epochs, the paper 20,000" \
+        in mixed.notes
+    assert not any("trained for" in n for n in build_tables(tmp_path / "full", "table3")[0][0].notes)
 
 
 def test_default_tables_follow_task_and_attention(tmp_path, write_run, step_curve):

@@ -26,16 +26,5 @@ for name in "${grids[@]}"; do
         "$py" "$here/spectral.py" "$out" "results/$name" results/tables > /dev/null || status=1
     fi
 done
-# each table from its own folder: a folder holds one run per configuration and seed (float_order_hooked
-# repeats table1's fb seeds through another engine and is tabled on its own)
-declare -A sources=([table1]=results/table1 [table2]=results/table2_mul [table3]=results/table3_uniform
-                    [table4]=results/table4_s5 [appendixB]=results/appendixB_s5_uniform)
-for table in table1 table2 table3 table4 appendixB; do
-    [ -d "${sources[$table]}" ] || continue
-    "$py" -m geolens table --runs "${sources[$table]}" --paper "$table" --out results/tables > /dev/null || status=1
-done
-"$py" "$here/embed_tables.py" docs/reproduction.md || status=1   # the tables the doc shows, from results/tables
-if [ -d results/float_order_hooked ]; then
-    "$py" -m geolens table --runs results/float_order_hooked --paper table1 --out results/tables/float_order_hooked > /dev/null || status=1
-fi
+bash "$here/tables.sh" || status=1   # every table and the doc's copies, from results/
 exit $status
