@@ -389,7 +389,10 @@ class SweepMonitor:
                    for m in self.members]
         path = self.out / SWEEP_RECORD
         with open(self.out / RECORD_LOCK, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            except OSError:  # a filesystem without flock: merge unlocked (a sweep at once may lose an update)
+                pass
             try:
                 previous = read_json(path, dict).get("members") if path.exists() else []
             except (GeoError, OSError):  # unreadable: nothing to keep
