@@ -48,7 +48,8 @@ MIN_STACK = 2
 @dataclass
 class Grid:
     """Axes (None: not given, so the preset's/config's default and no folder level), per-preset
-    epochs ({'*': default}), the fields shared by every member, and the layout choice."""
+    epochs ({'*': default}), the fields shared by every member, the layout choice, and how many
+    configurations the grid file declares (flags may narrow the sweep to some of them)."""
 
     presets: list[str]
     seeds: list[int]
@@ -60,14 +61,12 @@ class Grid:
     data_seed: int | None = None
     shared: dict[str, Any] = field(default_factory=dict)
     layout: str = "auto"
+    file_configs: int = 1
 
     @property
     def n_configs(self) -> int:
         """Configurations (members per seed)."""
-        n = len(self.presets)
-        for axis in (self.lrs, self.wds, self.tasks, self.ps):
-            n *= len(axis) if axis else 1
-        return n
+        return _count_configs(self.presets, self.lrs, self.wds, self.tasks, self.ps)
 
 
 def load_grid_file(path: Path) -> dict[str, Any]:
@@ -95,6 +94,7 @@ def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, set
     """The grid of a grid file (optional) and flags (GRID_KEYS -> flag value, None when not given):
     a given flag replaces the file's key; --set fields are added to the file's [set] table."""
     keys = load_grid_file(file) if file is not None else {}
+    file_configs = _count_configs(*(_values(keys[k]) for k in ("presets", "lr", "wd", "task", "p") if k in keys))
     keys.update({k: v for k, v in (flags or {}).items() if v is not None})
     unknown = sorted(set(keys) - set(GRID_KEYS))
     if unknown:
@@ -126,7 +126,21 @@ def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, set
         data_seed=parse_override(f"data_seed={keys['data_seed']}")[1] if "data_seed" in keys else None,
         shared=shared,
         layout=layout,
+        file_configs=file_configs,
     )
+
+
+def _values(value: Any) -> list:
+    """A grid-file list or comma-separated string as its items (unparsed)."""
+    return value if isinstance(value, list) else [v for v in str(value).split(",") if v.strip()]
+
+
+def _count_configs(*axes: list | None) -> int:
+    """The product of the given axes' lengths (None: not given, one value)."""
+    n = 1
+    for axis in axes:
+        n *= len(axis) if axis else 1
+    return n
 
 
 def parse_seeds(value: Any) -> list[int]:
@@ -169,7 +183,7 @@ def parse_epochs(value: Any, presets: list[str]) -> dict[str, int]:
 
 def _items(value: Any, kind: type, flag: str) -> list:
     """A flag's comma-separated values (or a grid file's list or scalar) as `kind`; duplicates refused."""
-    raw = value if isinstance(value, list) else [v for v in str(value).split(",") if v.strip()]
+    raw = _values(value)
     try:
         items = [kind(str(v).strip()) for v in raw]
     except ValueError:
@@ -207,7 +221,8 @@ def number_label(x: float, scientific: bool = False) -> str:
 
 
 def resolve_layout(grid: Grid, out: Path) -> str:
-    """'flat' or 'nested': the grid's choice; auto: nested for more than one configuration or when OUT
+    """'flat' or 'nested': the grid's choice; auto: nested for more than one configuration (in the grid or
+    its grid file: `--preset ln` with a four-preset file still writes the file's folders) or when OUT
     already holds a nested sweep (its sweep.json), else flat."""
     recorded = None
     record = Path(out) / SWEEP_RECORD
@@ -218,7 +233,7 @@ def resolve_layout(grid: Grid, out: Path) -> str:
             raise GeoError(f"{record} is corrupt; delete it (it only records the last sweep) and rerun") from None
     layout = grid.layout
     if layout == "auto":
-        layout = "nested" if grid.n_configs > 1 or recorded == "nested" else "flat"
+        layout = "nested" if max(grid.n_configs, grid.file_configs) > 1 or recorded == "nested" else "flat"
     if layout == "flat" and grid.n_configs > 1:
         raise GeoError(f"layout flat holds one configuration but the grid has {grid.n_configs}; use --layout nested")
     if recorded is not None and recorded != layout:

@@ -64,6 +64,24 @@ def test_single_configuration_keeps_the_flat_layout(tmp_path):
         resolve_layout(make_grid(flags=dict(presets="fb,ln", seeds="2", layout="flat")), tmp_path / "new")
 
 
+def test_a_flag_narrowing_a_grid_file_keeps_the_files_folders(tmp_path):
+    # two sweeps of one two-preset grid file, one --preset each, into a fresh folder (as when each gets
+    # a core): both land in the file's nested folders, never both in OUT/seed_<seed>
+    grid_file = tmp_path / "mul.toml"
+    grid_file.write_text('presets = ["fb", "sphere"]\nseeds = "1-2"\ntask = "mul"\nlr = 1e-4\n')
+    out = tmp_path / "runs"
+    assert make_grid(grid_file).file_configs == 2
+    for preset in ("fb", "sphere"):
+        narrowed = make_grid(grid_file, flags=dict(presets=preset))
+        assert narrowed.n_configs == 1
+        assert _names(narrowed, out) == [f"mul/{preset}/lr1e-4/seed_1", f"mul/{preset}/lr1e-4/seed_2"]
+    # a one-configuration file (or flags alone) stays flat
+    one = tmp_path / "one.toml"
+    one.write_text('presets = "fb"\nseeds = "1"\nlr = 6e-4\n')
+    assert _names(make_grid(one), out) == ["seed_1"]
+    assert _names(make_grid(one, flags=dict(presets="ln")), out) == ["seed_1"]
+
+
 def test_further_levels_appear_when_their_axis_is_given(tmp_path):
     grid = make_grid(flags=dict(presets="fb,ln", lr="1e-3,0.01", wd="1,0.1", task="add,sub", p="23,29", seeds="1"),
                      sets=TINY_SET)
