@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 py=${PYTHON:-.venv/bin/python}
 here=analyses/reproduction
 grids=("$@")
-[ ${#grids[@]} -gt 0 ] || grids=(table1_lr6e-4 notebook_init float_order_hooked spectral table3_uniform table2_mul table4_s5 appendixB_s5_uniform)
+[ ${#grids[@]} -gt 0 ] || grids=(table1_lr6e-4 notebook_init float_order_hooked spectral table3_uniform table2_mul table4_s5 appendixB_s5_uniform table2_mul_lr1e-4)
 status=0
 for name in "${grids[@]}"; do
     out=runs/$name
