@@ -110,8 +110,10 @@ class TableRow:
 
     @property
     def budget(self) -> int | None:
-        """The smallest epoch budget among our runs (None without runs)."""
-        return self.group.epochs[0] if self.group and self.group.runs else None
+        """The fewest epochs trained by a seed that more epochs could change: for onsets the seeds without
+        one (a seed that grokked and stopped early does not count), for peaks every seed (None without runs)."""
+        pending = [m for m in self.measures if self.kind == "onset" and getattr(m, self.headline) is None]
+        return min((m.final_epoch for m in pending or self.measures), default=None)
 
     @property
     def verdict(self) -> str:

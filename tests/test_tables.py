@@ -239,6 +239,12 @@ def test_s5_table_uses_at_least_099_and_averages_successes(tmp_path, write_run, 
     write_run(tmp_path / "rms1", make_config("rms", seed=1, **s5), step_curve(0, 60_000, 100, after=0.5))
     rms = _rows(build_tables(tmp_path, "table4")[0], "table4")["rms lr 0.001 wd 1"]
     assert rms.summary("onset_grid").n == 0 and rms.verdict == "open (60,000 of 100,000 epochs)"
+    # N is what the seeds without an onset were trained: a seed that grokked and stopped under a smaller
+    # budget (before the others were extended) does not lower it
+    mixed = tmp_path / "mixed"
+    write_run(mixed / "ln1", make_config("ln", seed=1, **{**s5, "epochs": 25_000}), step_curve(23_000, 25_000, 100, after=1.0))
+    write_run(mixed / "ln2", make_config("ln", seed=2, **s5), step_curve(0, 60_000, 100, after=0.5))
+    assert _rows(build_tables(mixed, "table4")[0], "table4")["ln lr 0.001 wd 1"].verdict == "open (60,000 of 100,000 epochs)"
     rec = next(r for r in built[0].records() if r["config"] == "sphere_raw")
     assert (rec["paper_failures"], rec["onset_grid_failures"], rec["threshold"], rec["inclusive"]) == (10, 2, 0.99, True)
     assert any("60,000 epochs, the paper 100,000" in n for n in built[0].notes)
