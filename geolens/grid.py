@@ -95,6 +95,7 @@ def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, set
     a given flag replaces the file's key; --set fields are added to the file's [set] table."""
     keys = load_grid_file(file) if file is not None else {}
     file_configs = _count_configs(*(_values(keys[k]) for k in ("presets", "lr", "wd", "task", "p") if k in keys))
+    file_presets = _values(keys.get("presets", [])) if (flags or {}).get("epochs") is None else []
     keys.update({k: v for k, v in (flags or {}).items() if v is not None})
     unknown = sorted(set(keys) - set(GRID_KEYS))
     if unknown:
@@ -122,7 +123,8 @@ def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, set
         wds=_items(keys["wd"], float, "--wd") if "wd" in keys else None,
         tasks=_items(keys["task"], str, "--task") if "task" in keys else None,
         ps=_items(keys["p"], int, "--p") if "p" in keys else None,
-        epochs=parse_epochs(keys["epochs"], presets) if "epochs" in keys else {},
+        # a file's per-preset budgets may name presets a --preset flag left out (unused here)
+        epochs=parse_epochs(keys["epochs"], presets + file_presets) if "epochs" in keys else {},
         data_seed=parse_override(f"data_seed={keys['data_seed']}")[1] if "data_seed" in keys else None,
         shared=shared,
         layout=layout,

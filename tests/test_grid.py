@@ -75,6 +75,13 @@ def test_a_flag_narrowing_a_grid_file_keeps_the_files_folders(tmp_path):
         narrowed = make_grid(grid_file, flags=dict(presets=preset))
         assert narrowed.n_configs == 1
         assert _names(narrowed, out) == [f"mul/{preset}/lr1e-4/seed_1", f"mul/{preset}/lr1e-4/seed_2"]
+    # the file's per-preset budgets hold for the preset a flag keeps; an --epochs flag is still checked
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text('presets = ["ln", "rms", "fb"]\nseeds = "1"\n[epochs]\nln = 400\nrms = 300\ndefault = 50\n')
+    assert make_grid(budgets, flags=dict(presets="rms")).epochs == {"ln": 400, "rms": 300, "*": 50}
+    assert [m.cfg.epochs for m in expand(make_grid(budgets, flags=dict(presets="rms")), out, "nested")] == [300]
+    with pytest.raises(GeoError, match="names preset 'ln', which is not in the grid"):
+        make_grid(budgets, flags=dict(presets="rms", epochs="ln=5,6"))
     # a one-configuration file (or flags alone) stays flat
     one = tmp_path / "one.toml"
     one.write_text('presets = "fb"\nseeds = "1"\nlr = 6e-4\n')
