@@ -94,8 +94,8 @@ def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, set
     """The grid of a grid file (optional) and flags (GRID_KEYS -> flag value, None when not given):
     a given flag replaces the file's key; --set fields are added to the file's [set] table."""
     keys = load_grid_file(file) if file is not None else {}
-    file_configs = _count_configs(*(_values(keys[k]) for k in ("presets", "lr", "wd", "task", "p") if k in keys))
-    file_presets = _values(keys.get("presets", [])) if (flags or {}).get("epochs") is None else []
+    file_axes = {k: _values(keys[k]) for k in ("presets", "lr", "wd", "task", "p") if k in keys}
+    file_presets = file_axes.get("presets", []) if (flags or {}).get("epochs") is None else []
     keys.update({k: v for k, v in (flags or {}).items() if v is not None})
     unknown = sorted(set(keys) - set(GRID_KEYS))
     if unknown:
@@ -128,7 +128,7 @@ def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, set
         data_seed=parse_override(f"data_seed={keys['data_seed']}")[1] if "data_seed" in keys else None,
         shared=shared,
         layout=layout,
-        file_configs=file_configs,
+        file_configs=_count_configs(*file_axes.values()),
     )
 
 
