@@ -96,3 +96,18 @@ def test_every_reproduction_grid_expands_and_run_cpu_runs_each(tmp_path):
         members = expand(grid, tmp_path / path.stem, resolve_layout(grid, tmp_path / path.stem))
         seeds = {m.cfg.seed for m in members}
         assert len(seeds) >= (3 if path.stem.startswith(("table", "appendix")) else 1), path.name  # tables: >= 3 seeds
+
+
+def test_figures_sh_rebuilds_every_figure_the_reproduction_doc_shows():
+    """Each docs/figures/reproduction image of docs/reproduction.md is written by figures.sh from a
+    figure `geolens figures` makes (else a figure in the doc would be a hand-copied leftover)."""
+    import re
+
+    import geolens.figures
+
+    shown = set(re.findall(r"\(figures/reproduction/(\w+)\.png\)", (SCRIPTS.parent.parent / "docs" / "reproduction.md").read_text()))
+    pairs = [p.split("=") for line in (SCRIPTS / "figures.sh").read_text().splitlines()
+             if line.startswith("figure ") for p in line.split()[3:]]
+    made = set(re.findall(r"FigureSpec\(\"(\w+)\"", Path(geolens.figures.__file__).read_text()))
+    assert shown and {target for _, target in pairs} == shown
+    assert {name for name, _ in pairs} <= made

@@ -3,7 +3,7 @@
 # command skips finished members and continues killed ones (each grid is an ordinary `geolens
 # sweep`). One torch thread per job; set WORKERS=2 to use two cores. Results that outlive the machine
 # (run.json, metrics.csv, events.json of finished members; no checkpoints) are copied to results/,
-# the tables to results/tables/.
+# the tables to results/tables/, the figures docs/reproduction.md shows to docs/figures/reproduction/.
 #   bash analyses/reproduction/run_cpu.sh [GRID ...]     (default: all grids below, in this order)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,5 +26,6 @@ for name in "${grids[@]}"; do
         "$py" "$here/spectral.py" "$out" "results/$name" results/tables > /dev/null || status=1
     fi
 done
-bash "$here/tables.sh" || status=1   # every table and the doc's copies, from results/
+bash "$here/tables.sh" || status=1    # every table and the doc's copies, from results/
+bash "$here/figures.sh" || status=1   # the doc's figures, from results/ (and runs/spectral)
 exit $status
