@@ -362,10 +362,12 @@ class SweepMonitor:
             for m in members:
                 self.status[m.name], self.epoch[m.name] = "finished", m.cfg.epochs
         elif kind == "failed":
+            # a stacked job fails as one: each member's error says so (a lock error names one member's folder)
+            error = msg[2] if len(members) == 1 else f"its stack of {len(members)} failed: {msg[2]}"
             for m in members:
                 if self.status[m.name] != "finished":  # members that finished before the job failed stay finished
                     self.status[m.name] = "failed"
-                    self.errors[m.name], self.tracebacks[m.name] = msg[2], msg[3]
+                    self.errors[m.name], self.tracebacks[m.name] = error, msg[3]
             if self.show:
                 self.progress.console.print(Text.assemble(("failed", "red"), f" {', '.join(m.name for m in members)}: "
                                                           f"{msg[2]}"), highlight=False, soft_wrap=True)

@@ -211,7 +211,7 @@ def test_a_failed_job_is_recorded_and_the_sweep_exits_non_zero(tmp_path, monkeyp
     _ln_jobs_fail_in_process(monkeypatch)
     result = run_sweep(grid, out, progress=False)
     assert result.failed == ["p23/ln/lr6e-4/seed_1", "p23/ln/lr6e-4/seed_2"]
-    assert result.errors["p23/ln/lr6e-4/seed_1"] == "RuntimeError: disk on fire"
+    assert result.errors["p23/ln/lr6e-4/seed_1"] == "its stack of 2 failed: RuntimeError: disk on fire"
     record = json.loads((out / "sweep.json").read_text())
     assert [m["status"] for m in record["members"]] == ["finished", "finished", "failed", "failed"]
     assert "disk on fire" in record["members"][2]["traceback"]
