@@ -12,7 +12,8 @@ Each member's folder is inspected before anything runs: missing -> new; finished
 config -> done (skipped); same config, not finished -> resumed from its resume state, finished
 (if killed between its last checkpoint and the final record) or restarted (no resume state); the
 same config but a smaller epoch budget -> extended (resumed to the new budget), unless it stopped
-early; any other difference -> a GeoError naming the field (the folder is never overwritten).
+early; not finished, with a larger budget -> resumed to the sweep's smaller one if it is still
+training before it; any other difference -> a GeoError naming the field (the folder is never overwritten).
 
 Jobs: members that may share one stacked process (geolens.batched.check_members: everything but
 MEMBER_FIELDS agrees) and start at the same epoch, split into up to `workers` chunks of at least
@@ -285,11 +286,12 @@ def inspect_member(member: Member, force: bool = False) -> None:
     header = run.read_header()
     found = GeoConfig.from_dict(header["config"]).to_dict()
     wanted = member.cfg.to_dict()
+    finished, extended = header.get("status") == "finished", found["epochs"] < wanted["epochs"]
     for key, value in wanted.items():
-        if found[key] != value and not (key == "epochs" and found[key] < value):  # a budget may be raised
+        # a budget may be raised; an unfinished member's may also be lowered (to stop it sooner)
+        if found[key] != value and not (key == "epochs" and (extended or not finished)):
             raise GeoError(f"member {member.path} exists with {key} = {found[key]!r} but the sweep asks for {value!r}; "
                            "it is never overwritten: choose another --out, or move that folder away")
-    finished, extended = header.get("status") == "finished", found["epochs"] < wanted["epochs"]
     if finished and not extended:
         member.state = "done"
         return
@@ -305,6 +307,10 @@ def inspect_member(member: Member, force: bool = False) -> None:
     if finished:  # extended: continued unless it had stopped early
         member.state, member.start = ("done" if stopped else "resume"), step
         return
+    if found["epochs"] > wanted["epochs"] and (step >= wanted["epochs"] or stopped):  # lowered: only to stop sooner
+        state = "stopped early" if stopped else f"trained to epoch {step}"
+        raise GeoError(f"member {member.path} has {state} under its budget of {found['epochs']} epochs, so the sweep's "
+                       f"{wanted['epochs']} cannot stop it sooner; ask for {found['epochs']} (or more), or move that folder away")
     member.state, member.start = ("finish" if step >= member.cfg.epochs or stopped else "resume"), step
 
 

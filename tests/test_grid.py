@@ -217,6 +217,12 @@ def test_member_states(tmp_path, monkeypatch):
     monkeypatch.setattr(batched, "_evaluate", real)
     inspect_member(k)
     assert (k.state, k.start) == ("resume", 10)
+    # its budget may be lowered while it is still before it (resumed to stop sooner), not to or below it
+    lowered = _member(tmp_path, "killed", epochs=15)
+    inspect_member(lowered)
+    assert (lowered.state, lowered.start) == ("resume", 10)
+    with pytest.raises(GeoError, match="has trained to epoch 10 under its budget of 20 epochs, so the sweep's 10 cannot"):
+        inspect_member(_member(tmp_path, "killed", epochs=10))
     # without a resume state: restarted
     (k.path / "resume.safetensors").unlink()
     inspect_member(k)
@@ -280,6 +286,36 @@ def test_a_raised_budget_extends_finished_members_bit_for_bit(tmp_path, assert_i
     (members[0].path / "resume.safetensors").unlink()
     with pytest.raises(GeoError, match="no resume state to extend it to 80"):
         inspect_member(_member(tmp_path / "short", "seed_1", epochs=80))
+
+
+def test_a_lowered_budget_stops_a_killed_member_sooner_as_if_trained_to_it(tmp_path, monkeypatch,
+                                                                          assert_identical_runs):
+    # a member killed at epoch 15 of 20 (resume state at 10), rerun by a sweep asking for 15 epochs:
+    # the run trained to 15 in one go, and then done under that budget
+    import geolens.batched as batched
+    from geolens.sweep import run_job
+
+    real = batched._evaluate
+
+    def dying(forward, models, e, *args):
+        if e == 15:
+            raise KeyboardInterrupt
+        return real(forward, models, e, *args)
+
+    killed = _member(tmp_path / "killed", "seed_1")
+    monkeypatch.setattr(batched, "_evaluate", dying)
+    with pytest.raises(KeyboardInterrupt):
+        train_batched([killed.cfg], [killed.path], progress=False, min_stack=2)  # as a sweep stacks
+    monkeypatch.setattr(batched, "_evaluate", real)
+    lowered = _member(tmp_path / "killed", "seed_1", epochs=15)
+    inspect_member(lowered)
+    [job] = plan_jobs([lowered], workers=1)
+    run_job(job)
+    whole = _member(tmp_path / "whole", "seed_1", epochs=15)
+    train_batched([whole.cfg], [whole.path], progress=False, min_stack=2)
+    assert_identical_runs(lowered.path, whole.path)
+    inspect_member(lowered)
+    assert lowered.state == "done"
 
 
 def test_plan_groups_stackable_members_and_balances_workers(tmp_path):
