@@ -23,7 +23,8 @@ console = Console(markup=False)
 err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 
 # training options shared by `train` and `sweep`
-Preset = Annotated[str, typer.Option(help="ln, rms, none, sphere, fb, sphere_raw; modifiers +uniform, +fourier, +notebook.")]
+Preset = Annotated[Optional[str], typer.Option(help="ln, rms, none, sphere, fb, sphere_raw; modifiers +uniform, +fourier, "
+                                                  "+notebook (default fb).")]
 Task = Annotated[Optional[str], typer.Option(help="add, sub, mul (Z_p) or perm (S_n).")]
 Modulus = Annotated[Optional[int], typer.Option("--p", help="Modulus (prime) for Z_p tasks.")]
 Lr = Annotated[Optional[float], typer.Option(help="AdamW learning rate.")]
@@ -31,7 +32,7 @@ Wd = Annotated[Optional[float], typer.Option(help="Weight decay (on all paramete
 Epochs = Annotated[Optional[int], typer.Option(help="Number of full-batch epochs.")]
 Frac = Annotated[Optional[float], typer.Option(help="Training fraction of all pairs.")]
 EvalEvery = Annotated[Optional[int], typer.Option(help="Evaluate every N epochs.")]
-Checkpoints = Annotated[Optional[str], typer.Option(help="every:N | log:K | adaptive[:MAXGAP].")]
+Checkpoints = Annotated[Optional[str], typer.Option(help="every:N | log:K | adaptive[:MAXGAP] | ends.")]
 Sets = Annotated[list[str], typer.Option("--set", help="Override any config field: --set d_mlp=256 (repeatable).")]
 Quiet = Annotated[bool, typer.Option(help="No progress bar.")]
 
@@ -46,11 +47,11 @@ def _overrides(sets: list[str], **named) -> dict:
 @app.command()
 def train(
     out: Path = typer.Option(..., help="Run directory to create (refused if it exists, unless --resume/--force)."),
-    preset: Preset = "fb",
+    preset: Preset = None,
     task: Task = None,
     p: Modulus = None,
-    seed: Optional[int] = typer.Option(None, help="Initialisation seed."),
-    data_seed: Optional[int] = typer.Option(None, help="Seed of the train/test split."),
+    seed: Optional[int] = typer.Option(None, help="Initialisation seed (default 0)."),
+    data_seed: Optional[int] = typer.Option(None, help="Seed of the train/test split (default: --seed, as a sweep member's)."),
     lr: Lr = None,
     wd: Wd = None,
     epochs: Epochs = None,
@@ -68,7 +69,11 @@ def train(
                            frac_train=frac, eval_every=eval_every, checkpoints=checkpoints, early_stop_after=early_stop)
     if resume and force:
         raise GeoError("--resume and --force contradict each other; choose one")
-    cfg = None if resume else make_config(preset, **overrides)  # validate before the heavy imports
+    if resume and preset is not None:
+        raise GeoError("--resume continues the run with its own preset; drop --preset (start a new run to change it)")
+    if not resume and "seed" in overrides and "data_seed" not in overrides:
+        overrides["data_seed"] = overrides["seed"]  # the paper shuffles the split with the run's seed; so does sweep
+    cfg = None if resume else make_config(preset or "fb", **overrides)  # validate before the heavy imports
     from geolens import train as training
 
     if resume:
@@ -81,7 +86,7 @@ def train(
 @app.command()
 def sweep(
     out: Path = typer.Option(..., help="Sweep folder: members go to OUT/seed_<seed> (one configuration) or "
-                             "OUT/<preset>/lr<lr>/[wd<wd>/]seed_<seed> (a grid); see docs/cli.md."),
+                             r"OUT/\[<task>/]\[p<p>/]<preset>/lr<lr>/\[wd<wd>/]seed_<seed> (a grid); see docs/cli.md."),
     grid: Optional[Path] = typer.Option(None, help="TOML grid file (same keys as these flags; flags given here win)."),
     seeds: Optional[str] = typer.Option(None, help="Initialisation seeds: a range '1-10', a list '1,4,7', or both '1-3,8'."),
     preset: Optional[str] = typer.Option(None, help="Presets, comma-separated: fb,sphere,ln (default fb)."),
@@ -158,7 +163,9 @@ def demo(
             raise GeoError(f"{out} holds a different run; choose another --out for the demo")
         if header.get("status") != "finished":
             training.resume(out, progress=not quiet)
-        console.print(f"reusing the finished demo run in {out}")
+            console.print(f"continued the unfinished demo run in {out} to its end")
+        else:
+            console.print(f"reusing the finished demo run in {out}")
     traj = analyze_run(load_run(out), progress=not quiet)
     report = write_report(traj)
     _print_summary(out)
@@ -215,7 +222,7 @@ def analyze(
     metrics: Optional[str] = typer.Option(None, help="Comma-separated metric names (default: all)."),
     steps: Optional[str] = typer.Option(None, help="Comma-separated epochs (nearest checkpoints; default: all)."),
     at: Optional[str] = typer.Option(None, help="Epochs for the per-step figures (default: onset and final)."),
-    static: str = typer.Option("png,svg", help="Static figure formats, comma-separated ('' for none)."),
+    static: str = typer.Option("png,svg", help="Static figure formats: png, pdf, svg, comma-separated ('' for none)."),
     keys: str = typer.Option("auto", help="Key frequencies of fve_paper, restricted/excluded loss, embed_circles: "
                              "'auto' (each checkpoint's own), 'final' (the last checkpoint's, for the whole run) or e.g. 4,32."),
     workers: Optional[int] = typer.Option(None, help="Processes computing checkpoints, one thread each, this one "
@@ -226,10 +233,13 @@ def analyze(
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
     """Evaluate metrics at every checkpoint (cached), write analysis/metrics.csv and analysis/report.html."""
+    from geolens.plots import check_formats
     from geolens.report import write_report
     from geolens.run import load_run
     from geolens.trajectory import analyze_run
 
+    formats = tuple(f for f in static.split(",") if f)
+    check_formats(formats)
     r = load_run(run)
     try:
         key_choice = keys if keys in ("auto", "final") else [int(k) for k in keys.split(",")]
@@ -237,7 +247,7 @@ def analyze(
         raise GeoError(f"--keys '{keys}' must be auto, final or comma-separated frequencies, e.g. --keys 4,32") from None
     traj = analyze_run(r, _names(metrics), _ints(steps, "--steps"), progress=not quiet, keys=key_choice,
                        workers=workers, out=out)
-    report = write_report(traj, _ints(at, "--at"), tuple(f for f in static.split(",") if f))
+    report = write_report(traj, _ints(at, "--at"), formats)
     console.print(f"{len(traj.steps)} checkpoints, {traj.computed} metric evaluations computed "
                   f"(the rest from cache); table {traj.out / 'metrics.csv'}; report {report}")
     for name, reason in traj.skipped.items():
@@ -291,7 +301,8 @@ def figures(
     formats: str = typer.Option("png,pdf", help="Static formats, comma-separated ('' for none); figures.html is always written."),
 ) -> None:
     """Regenerate the paper's figures (and geolens's own) from runs: PNG + PDF each, one interactive HTML page."""
-    from geolens.figures import build_figures, check_formats, write_figures
+    from geolens.figures import build_figures, write_figures
+    from geolens.plots import check_formats
 
     static = tuple(f for f in formats.split(",") if f)
     check_formats(static)
@@ -330,6 +341,12 @@ def _print_summary(path: Path, damage: list[str] = ()) -> None:
 
 
 EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 1, 130, 143
+CONTINUE = {  # how an interrupted command continues from what it wrote
+    "train": "continue from the last checkpoint with `geolens train --resume --out DIR`",
+    "sweep": "rerun the same sweep command: finished members are skipped, the others resume from their last checkpoint",
+    "analyze": "rerun analyze: it computes only what is missing",
+    "demo": "rerun demo: it continues the run from its last checkpoint",
+}
 _terminated = False
 
 
@@ -400,8 +417,8 @@ def main() -> None:
               "GEOLENS_DEBUG=1 for the traceback and report it", EXIT_INTERNAL)
     if code == EXIT_INTERRUPTED:
         what = "terminated" if _terminated else "interrupted"
-        err.print(f"{what}: what was already written is kept (checkpoints: continue with train --resume; "
-                  "analysis: rerun analyze, it computes only what is missing)")
+        command = sys.argv[1] if len(sys.argv) > 1 else ""
+        err.print(f"{what}: what was already written is kept; {CONTINUE.get(command, 'rerun the same command')}")
         sys.exit(EXIT_TERMINATED if _terminated else EXIT_INTERRUPTED)
     if isinstance(code, int) and code:
         sys.exit(code)

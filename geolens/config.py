@@ -1,6 +1,6 @@
 """GeoConfig: one flat, JSON-serialisable description of a run (task, model topology, training).
 
-Presets (`ln`, `rms`, `none`, `sphere`, `fb`, `sphere_raw`, modifiers `+uniform`, `+fourier`) are
+Presets (`ln`, `rms`, `none`, `sphere`, `fb`, `sphere_raw`, modifiers `+uniform`, `+fourier`, `+notebook`) are
 named bundles of field values; every field can be overridden afterwards.
 """
 

@@ -26,7 +26,7 @@ import math
 import torch
 
 from geolens.errors import GeoError
-from geolens.plots import PALETTE, PANEL_WIDTH, Bar, FigureSpec, Line, Panel, html_page, save_static
+from geolens.plots import PALETTE, PANEL_WIDTH, Bar, FigureSpec, Line, Panel, check_formats, html_page, save_static
 from geolens.run import Run
 from geolens.runset import RunGroup, find_runs, group_runs
 from geolens.storage import atomic_write_bytes
@@ -34,7 +34,6 @@ from geolens.tables import BuiltTable, tables_for
 
 ZOOM_EPOCHS = 5000
 AT_CHOICES = ("first099", "final")
-STATIC_FORMATS = ("png", "pdf", "svg")
 PATH_METRICS = ["grad_symmetricity", "distance_irrelevance"]
 
 
@@ -335,9 +334,3 @@ def write_figures(specs: Sequence[FigureSpec], out: Path, formats: Sequence[str]
     page = out / "figures.html"
     atomic_write_bytes(page, html_page(f"geolens figures: {source}", specs, intro).encode())
     return paths + [page]
-
-
-def check_formats(formats: Sequence[str]) -> None:
-    bad = [f for f in formats if f not in STATIC_FORMATS]
-    if bad:
-        raise GeoError(f"static format(s) {bad} not supported; use a comma-separated subset of {', '.join(STATIC_FORMATS)}")

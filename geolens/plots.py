@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence, Union
 
+from geolens.errors import GeoError
 from geolens.storage import atomic_write_bytes
 
 PANEL_WIDTH = 5.2  # inches per panel in the static export, by default
@@ -172,6 +173,16 @@ def _rgba(hex_color: str, alpha: float) -> str:
 
 
 # ---- matplotlib (static export) --------------------------------------------------------------
+STATIC_FORMATS = ("png", "pdf", "svg")
+
+
+def check_formats(formats: Sequence[str]) -> None:
+    """A GeoError naming any format save_static cannot write (checked before the work, not after it)."""
+    bad = [f for f in formats if f not in STATIC_FORMATS]
+    if bad:
+        raise GeoError(f"static format(s) {bad} not supported; use a comma-separated subset of {', '.join(STATIC_FORMATS)}")
+
+
 def save_static(spec: FigureSpec, folder: Path, formats: Sequence[str] = ("png", "svg")) -> list[Path]:
     """Render the spec with matplotlib and write FOLDER/<name>.<fmt> for each format."""
     fig = to_matplotlib(spec)

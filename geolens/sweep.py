@@ -314,7 +314,7 @@ def make_backend(backend: str, workers: int | None, threads: int | None, address
 class SweepResult:
     out: Path
     members: list[Member]
-    status: dict[str, str]  # member name -> skipped | finished | failed | not run
+    status: dict[str, str]  # member name -> skipped | finished | failed
     errors: dict[str, str] = field(default_factory=dict)  # member name -> error line
 
     @property

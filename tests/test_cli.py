@@ -16,8 +16,11 @@ def test_train_info_and_resume(tmp_path, geolens):
     assert "fb_seed3" in r.stdout and "last_epoch" in r.stdout
     header = json.loads((out / "run.json").read_text())
     assert header["config"]["seed"] == 3 and header["config"]["d_mlp"] == 64 and header["status"] == "finished"
+    assert header["config"]["data_seed"] == 3  # the split follows --seed, as a sweep's seed_3 member's
     r = geolens("info", "--run", str(out))
     assert r.returncode == 0 and "last_epoch" in r.stdout and "20" in r.stdout
+    r = geolens("train", "--out", str(out), "--resume", "--preset", "ln", "--epochs", "30", "--quiet")
+    assert r.returncode == 2 and "drop --preset" in r.stderr  # not silently ignored
     r = geolens("train", "--out", str(out), "--resume", "--epochs", "30", "--quiet")
     assert r.returncode == 0, r.stderr
     assert json.loads((out / "events.json").read_text())["final_epoch"] == 30
@@ -33,6 +36,7 @@ def test_train_info_and_resume(tmp_path, geolens):
         (["train", "--checkpoints", "sometimes", "--out", "{tmp}/x"], "unknown checkpoint schedule"),
         (["info", "--run", "{tmp}/missing"], "does not exist"),
         (["train", "--resume", "--out", "{tmp}/missing"], "does not exist"),
+        (["analyze", "--run", "{tmp}/missing", "--static", "png,jpg"], "static format(s) ['jpg'] not supported"),
     ],
 )
 def test_bad_input_gives_one_line_error(tmp_path, geolens, args, needle):
@@ -73,4 +77,7 @@ def test_ctrl_c_exits_130_and_says_what_is_kept(tmp_path, geolens, monkeypatch):
 
     monkeypatch.setattr("geolens.trajectory.analyze_run", interrupted)
     r = geolens("analyze", "--run", str(out), "--quiet")
-    assert r.returncode == 130 and "interrupted" in r.stderr and "--resume" in r.stderr
+    assert r.returncode == 130 and "interrupted" in r.stderr and "rerun analyze" in r.stderr and "--resume" not in r.stderr
+    monkeypatch.setattr("geolens.sweep.run_sweep", interrupted)
+    r = geolens("sweep", "--seeds", "1", "--out", str(tmp_path / "sw"), "--quiet", *TINY)
+    assert r.returncode == 130 and "rerun the same sweep command" in r.stderr
