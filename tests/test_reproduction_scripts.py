@@ -105,7 +105,7 @@ def test_figures_sh_rebuilds_every_figure_the_reproduction_doc_shows():
 
     import geolens.figures
 
-    shown = set(re.findall(r"\(figures/reproduction/(\w+)\.png\)", (SCRIPTS.parent.parent / "docs" / "reproduction.md").read_text()))
+    shown = set(re.findall(r"\(figures/reproduction/([\w-]+)\.png\)", (SCRIPTS.parent.parent / "docs" / "reproduction.md").read_text()))
     pairs = [p.split("=") for line in (SCRIPTS / "figures.sh").read_text().splitlines()
              if line.startswith("figure ") for p in line.split()[3:]]
     made = set(re.findall(r"FigureSpec\(\"(\w+)\"", Path(geolens.figures.__file__).read_text()))

@@ -31,6 +31,7 @@ figure() {
 
 figure results/table1 table1 test_accuracy=test_accuracy onsets=onsets
 figure results/table2_mul table2 onsets=table2_onsets test_accuracy=table2_test_accuracy
+figure results/table2_mul_lr1e-4 "" test_accuracy=table2_lr1e-4_test_accuracy
 figure results/table3_uniform table3 uniform_attention=uniform_attention
 figure runs/spectral "" wl_spectrum=wl_spectrum fve_keys=fve_keys
 exit $status
