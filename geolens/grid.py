@@ -286,7 +286,8 @@ def inspect_member(member: Member, force: bool = False) -> None:
     header = run.read_header()
     found = GeoConfig.from_dict(header["config"]).to_dict()
     wanted = member.cfg.to_dict()
-    finished, extended = header.get("status") == "finished", found["epochs"] < wanted["epochs"]
+    finished = header.get("status") == "finished"
+    extended, lowered = found["epochs"] < wanted["epochs"], found["epochs"] > wanted["epochs"]
     for key, value in wanted.items():
         # a budget may be raised; an unfinished member's may also be lowered (to stop it sooner)
         if found[key] != value and not (key == "epochs" and (extended or not finished)):
@@ -307,7 +308,7 @@ def inspect_member(member: Member, force: bool = False) -> None:
     if finished:  # extended: continued unless it had stopped early
         member.state, member.start = ("done" if stopped else "resume"), step
         return
-    if found["epochs"] > wanted["epochs"] and (step >= wanted["epochs"] or stopped):  # lowered: only to stop sooner
+    if lowered and (step >= wanted["epochs"] or stopped):  # only to stop a member sooner
         state = "stopped early" if stopped else f"trained to epoch {step}"
         raise GeoError(f"member {member.path} has {state} under its budget of {found['epochs']} epochs, so the sweep's "
                        f"{wanted['epochs']} cannot stop it sooner; ask for {found['epochs']} (or more), or move that folder away")

@@ -14,7 +14,7 @@ status=0
 # figure SOURCE PAPER NAME=AS ...: `geolens figures` of SOURCE (restricted to PAPER's table unless ""),
 # then its NAME.png becomes $dest/AS.png (written beside and renamed: a killed copy leaves the old one)
 figure() {
-    local source=$1 paper=$2 pair
+    local source=$1 paper=$2 pair target
     shift 2
     if [ ! -d "$source" ]; then
         echo "figures.sh: no $source here; $dest keeps its committed copies of: ${*#*=}" >&2
@@ -24,8 +24,8 @@ figure() {
     "$py" -m geolens figures --runs "$source" ${paper:+--paper "$paper"} --out "$tmp/out" --formats png > /dev/null \
         || { status=1; return; }
     for pair in "$@"; do
-        cp "$tmp/out/${pair%%=*}.png" "$dest/.${pair#*=}.png.new" && mv "$dest/.${pair#*=}.png.new" "$dest/${pair#*=}.png" \
-            || status=1
+        target="$dest/${pair#*=}.png"
+        cp "$tmp/out/${pair%%=*}.png" "$target.new" && mv "$target.new" "$target" || status=1
     done
 }
 
