@@ -199,7 +199,7 @@ def _train_stack(runs: list[RunDir], cfgs: list[GeoConfig], models: list[GeoTran
     forward = StackedForward(models)
     engine, why = f"{ENGINE}-{forward.engine}", f"{S} members stacked; {forward.why}"
     members = [Member(runs[i], cfgs[i], models[i], opts[i], rows[i], manifests[i],
-                      run_header(cfgs[i], engine, why, train_y.shape[1], test_y.shape[1], start, prevs[i]),
+                      run_header(cfgs[i], engine, why, train_y.shape[1], test_y.shape[1], start, prevs[i], device=dev),
                       (prevs[i] or {}).get("timing", {}),
                       claims[i] if claims is not None else None) for i in range(R)]
     step = StackedStep(forward, models, opts, R, train_x, train_y, test_x, test_y)

@@ -20,7 +20,7 @@ from geolens.config import GeoConfig
 from geolens.engine import make_optimizer
 from geolens.model import GeoTransformer
 from geolens.runlock import NewRunClaim
-from geolens.storage import (BackgroundWriter, RunDir, atomic_write_json, package_versions, save_tensors,
+from geolens.storage import (BackgroundWriter, RunDir, atomic_write_json, machine, package_versions, save_tensors,
                              source_commit, write_metrics)
 
 ONSET_ACC = 0.95
@@ -55,18 +55,20 @@ def finish_events(rows: list[dict], stop_reason: str, eval_every: int, start: in
 
 # ---- run.json and metrics rows ---------------------------------------------------------------
 def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int, start: int = 0,
-               prev: dict | None = None) -> dict:
+               prev: dict | None = None, *, device: torch.device) -> dict:
     """run.json contents (without format and timing) of a run that is training from epoch `start`;
     prev: the run's run.json before this (resumed) training, None for a new run. `segments` lists
     who trained which part: the previous segments that began before `start` (a later one trained
-    epochs that are trained again now) and one from `start` with this geolens version and commit (a
-    run written before segments were recorded starts with one of its recorded version)."""
+    epochs that are trained again now) and one from `start` with this geolens version and commit and
+    the machine training on `device` (storage.machine; a run written before segments were recorded
+    starts with one of its recorded version)."""
     versions = package_versions()
     segments = (prev or {}).get("segments", [])
     if prev and not segments:
         segments = [{"from_epoch": 0, "geolens": prev.get("versions", {}).get("geolens"), "geolens_commit": None}]
     segments = [seg for seg in segments if seg["from_epoch"] < start]
-    segments.append({"from_epoch": start, "geolens": versions["geolens"], "geolens_commit": source_commit()})
+    segments.append({"from_epoch": start, "geolens": versions["geolens"], "geolens_commit": source_commit(),
+                     "machine": machine(device)})
     return {"config": cfg.to_dict(), "versions": versions, "engine": engine, "engine_reason": why,
             "n_train": n_train, "n_test": n_test, "segments": segments, "status": "running"}
 

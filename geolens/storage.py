@@ -240,6 +240,25 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def machine(device: torch.device) -> dict[str, str | int]:
+    """What sets a run's float order besides the code and the versions: the CPU (its model name and the
+    vector instruction set torch's kernels use), torch's intra-op thread count and, when training on a
+    GPU, its name. The same seed on another machine trains in another float order (grokking onsets move
+    with it: docs/reproduction.md)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    out: dict[str, str | int] = {"cpu": cpu, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                                 "torch_threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    return out
+
+
 class RunDir:
     """Paths and validated reads/writes of one run directory."""
 

@@ -259,7 +259,7 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
     engine, forward, why = select_forward(model)
     prev = run.read_header() if resumed else None
     member = Member(run, cfg, model, opt, rows, manifest,
-                    run_header(cfg, engine, why, len(train_y), len(test_y), start, prev),
+                    run_header(cfg, engine, why, len(train_y), len(test_y), start, prev, device=dev),
                     (prev or {}).get("timing", {}), claim)
     step = SingleStep(model, opt, forward, train_x, train_y, test_x, test_y)
     label = f"{cfg.preset or cfg.norm} {cfg.task_label}"

@@ -63,10 +63,14 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
     assert _strip(run_full.metrics) == _strip(run_part.metrics)
     assert run_full.steps == run_part.steps
     # run.json says who trained which part: the new run from 0, the resume from 40, both this checkout
-    this = storage.source_commit()
+    # on this machine (the CPU, its vector instruction set and the thread count set the float order)
+    this, here = storage.source_commit(), storage.machine(torch.device("cpu"))
     assert run_full.header["segments"] == [{"from_epoch": 0, "geolens": run_full.header["versions"]["geolens"],
-                                            "geolens_commit": this}]
-    assert [(s["from_epoch"], s["geolens_commit"]) for s in run_part.header["segments"]] == [(0, this), (40, this)]
+                                            "geolens_commit": this, "machine": here}]
+    assert [(s["from_epoch"], s["geolens_commit"], s["machine"]) for s in run_part.header["segments"]] == [
+        (0, this, here), (40, this, here)]
+    assert here["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert here["torch_threads"] == torch.get_num_threads() and here["cpu"] and "gpu" not in here
 
 
 
@@ -76,9 +80,10 @@ def test_segments_drop_a_resume_whose_epochs_are_trained_again():
     cfg = make_config("fb", **TINY)
     prev = {"segments": [{"from_epoch": 0, "geolens": "0.1.0", "geolens_commit": "a"},
                          {"from_epoch": 40, "geolens": "0.1.0", "geolens_commit": "b"}]}
-    segments = run_header(cfg, "fast", "", 1, 1, 40, prev)["segments"]
+    segments = run_header(cfg, "fast", "", 1, 1, 40, prev, device=torch.device("cpu"))["segments"]
     assert [(s["from_epoch"], s["geolens_commit"]) for s in segments] == [(0, "a"), (40, storage.source_commit())]
-    old = run_header(cfg, "fast", "", 1, 1, 40, {"versions": {"geolens": "0.0.9"}})["segments"]  # before segments
+    old = run_header(cfg, "fast", "", 1, 1, 40, {"versions": {"geolens": "0.0.9"}},
+                     device=torch.device("cpu"))["segments"]  # before segments
     assert [(s["from_epoch"], s["geolens"], s["geolens_commit"]) for s in old][0] == (0, "0.0.9", None)
 
 
