@@ -111,3 +111,44 @@ def test_figures_sh_rebuilds_every_figure_the_reproduction_doc_shows():
     made = set(re.findall(r"FigureSpec\(\"(\w+)\"", Path(geolens.figures.__file__).read_text()))
     assert shown and {target for _, target in pairs} == shown
     assert {name for name, _ in pairs} <= made
+
+
+def test_run_gpu_sh_runs_every_paper_row_at_its_seeds_and_budget_on_cuda(tmp_path):
+    """Each sweep of run_gpu.sh (a grid file with the script's --seeds/--epochs and --set device=cuda)
+    expands into members on the GPU; each table it builds reads a folder one of its sweeps writes, with
+    members for every row of the paper's table at the sweep's learning rate (Table 1 at 6e-4 runs on the
+    CPU), the paper's seed count and a budget that measures what the paper measured: the paper's own
+    where peaks or failures are counted over it (Tables 3, 4, Appendix B), else above its largest onset."""
+    import re
+    import shlex
+
+    from geolens.grid import expand, make_grid, resolve_layout
+    from geolens.paper import mismatches, paper_table
+
+    text = (SCRIPTS / "run_gpu.sh").read_text()
+    assert re.search(r'--set device=cuda --quiet "\$@"', text)  # gpu() puts every sweep on the GPU
+    sweeps = {}
+    for line in text.splitlines():
+        if line.startswith("gpu "):
+            name, out, *options = shlex.split(line, comments=True)[1:]
+            flags = dict(zip(options[::2], options[1::2]))
+            assert set(flags) <= {"--seeds", "--epochs"} and len(options) == 2 * len(flags), line
+            grid = make_grid(SCRIPTS / f"{name}.toml", {"seeds": flags.get("--seeds"), "epochs": flags.get("--epochs")},
+                             ["device=cuda"])
+            sweeps[out] = expand(grid, tmp_path / name, resolve_layout(grid, tmp_path / name))
+            assert {m.cfg.device for m in sweeps[out]} == {"cuda"}, name
+    tables = re.findall(r"\[(\w+)\]=([^\s)]+)", text)
+    assert [t for t, _ in tables] == ["table1", "table2", "table3", "table4", "appendixB"]
+    for name, out in tables:
+        table, members = paper_table(name), sweeps[out]
+        rows = [row for row in table.rows() if row.requires["lr"] in {m.cfg.lr for m in members}]
+        assert rows, name
+        for row in rows:
+            matching = [m for m in members if not mismatches(m.cfg, row.requires)]
+            assert len({m.cfg.seed for m in matching}) == row.seeds, (name, row.config)
+            budgets = {m.cfg.epochs for m in matching}
+            if table.kind == "peak" or name == "table4":  # peaks and failures are counted over the whole budget
+                assert budgets == {table.epochs}, (name, row.config)
+            else:  # an onset row's members stop early: a budget above the paper's largest onset will do
+                assert min(budgets) > row.values.get("max", 0), (name, row.config)
+    assert "runs/gpu/table2_lr1e-4" in sweeps
