@@ -6,10 +6,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from geolens import load_run
 from geolens import train as training
 from geolens.config import make_config
+from geolens.storage import load_tensors, save_tensors
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "analyses" / "reproduction"
 SMALL = dict(p=23, frac_train=0.5, d_model=32, n_heads=4, d_head=8, d_mlp=64, lr=1e-3, epochs=40, eval_every=10)
@@ -152,3 +154,20 @@ def test_run_gpu_sh_runs_every_paper_row_at_its_seeds_and_budget_on_cuda(tmp_pat
             else:  # an onset row's members stop early: a budget above the paper's largest onset will do
                 assert min(budgets) > row.values.get("max", 0), (name, row.config)
     assert "runs/gpu/table2_lr1e-4" in sweeps
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (SCRIPTS.parents[1] / ".git").exists(),
+                    reason="needs a git checkout")
+def test_same_arithmetic_finds_this_commit_identical_and_a_changed_tensor_different(tmp_path):
+    same = script("same_arithmetic")
+    assert same.compare(["HEAD"], presets=("fb",)) == {"fb": {"HEAD": "="}}  # HEAD trains as this checkout does
+    assert same.train(SCRIPTS.parents[1], "ln", tmp_path / "a") is None
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    assert same.same_checkpoints(tmp_path / "a", tmp_path / "b")
+    last = sorted((tmp_path / "b").rglob("step_*.safetensors"))[-1]
+    tensors = load_tensors(last)
+    name = next(k for k in tensors if k.endswith("W_E"))
+    tensors[name] = tensors[name] + torch.finfo(torch.float32).eps * tensors[name].abs().max()  # one ulp-scale change
+    save_tensors(last, tensors)
+    assert not same.same_checkpoints(tmp_path / "a", tmp_path / "b")
+    assert {"e5361e0", "300be03", "3401403"} <= set(same.doc_commits())  # the commits docs/reproduction.md names
