@@ -111,8 +111,25 @@ class Run:
             "stop_reason": events.get("stop_reason"),
             "checkpoints": "unreadable manifest" if steps is None else len(steps),
             "trimmed": self._trimmed_text(),
+            "trained_by": self._segments_text(),
             "ms_per_epoch": round(timing["ms_per_epoch"], 2) if "ms_per_epoch" in timing else None,
         }
+
+    def _segments_text(self) -> str | None:
+        """Who trained which epochs (run.json segments), one line per training start: the geolens
+        version and commit, and the machine where recorded (another machine trains in another float order)."""
+        lines = []
+        for seg in self.header.get("segments", []):
+            commit = seg.get("geolens_commit")
+            made = "(commit not recorded)" if commit is None else commit[:7] + "+dirty" * commit.endswith("+dirty")
+            text = f"from epoch {seg.get('from_epoch')}: geolens {seg.get('geolens')} {made}"
+            machine = seg.get("machine")
+            if isinstance(machine, dict):
+                gpu = f", {machine['gpu']}" if "gpu" in machine else ""
+                threads = f"{machine.get('torch_threads')} thread(s)"
+                text += f" on {machine.get('cpu')} ({machine.get('cpu_capability')}, {threads}{gpu})"
+            lines.append(text)
+        return "\n".join(lines) or None
 
     def _trimmed_text(self) -> str | None:
         """For a trimmed copy (`geolens export`): how many of its source's checkpoints it keeps."""
