@@ -20,12 +20,14 @@ def module():
 
 def test_rows_at_the_onset_and_last_checkpoint_are_the_runs_metrics(tmp_path):
     out = tmp_path / "sphere"
-    cfg = make_config("sphere", p=23, frac_train=0.8, d_model=32, n_heads=4, d_head=8, d_mlp=64, lr=4e-3, epochs=400,
-                      eval_every=10, seed=1, checkpoints="every:50")
+    cfg = make_config("sphere", p=23, frac_train=0.8, d_model=32, n_heads=4, d_head=8, d_mlp=64, lr=4e-3, epochs=1000,
+                      eval_every=10, seed=1, checkpoints="every:100")
     training.train(cfg, out, progress=False)
     run = load_run(out)
     onset = run.events["onset_095"]
-    assert onset is not None  # as in conftest.tiny_sweep: sphere groks inside 400 epochs
+    # the onset moves with the machine's float order (480 on an AVX512 CPU, below 400 on others; seeds
+    # 2-3 at 490-600): 1,000 epochs leave room
+    assert onset is not None
     text = module().summary([str(out)])
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and line[2].isdigit()]
     steps = sorted({run.nearest_step(onset), run.steps[-1]})
