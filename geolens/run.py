@@ -121,7 +121,8 @@ class Run:
         lines = []
         for seg in self.header.get("segments", []):
             commit = seg.get("geolens_commit")
-            made = "(commit not recorded)" if commit is None else commit[:7] + "+dirty" * commit.endswith("+dirty")
+            dirty = "+dirty" if commit and commit.endswith("+dirty") else ""
+            made = "(commit not recorded)" if commit is None else commit[:7] + dirty
             text = f"from epoch {seg.get('from_epoch')}: geolens {seg.get('geolens')} {made}"
             machine = seg.get("machine")
             if isinstance(machine, dict):

@@ -4,6 +4,7 @@ import json
 import sys
 
 import pytest
+import torch
 
 from conftest import TINY
 
@@ -25,8 +26,6 @@ def test_train_info_and_resume(tmp_path, geolens):
     assert r.returncode == 0, r.stderr
     assert json.loads((out / "events.json").read_text())["final_epoch"] == 30
     # info says who trained which epochs: this checkout, here, from 0 and from the resume at 20
-    import torch
-
     r = geolens("info", "--run", str(out))
     lines = [line for line in r.stdout.splitlines() if "from epoch" in line]
     assert [line.split("from epoch ")[1].split(":")[0] for line in lines] == ["0", "20"]
