@@ -19,7 +19,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+
+from geolens.storage import load_tensors
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = ("fb", "sphere", "ln", "rms")
@@ -52,7 +53,7 @@ def same_checkpoints(a: Path, b: Path) -> bool:
     if not files or files != sorted(p.relative_to(b) for p in b.rglob("*.safetensors")):
         return False
     for name in files:
-        ta, tb = load_file(a / name), load_file(b / name)
+        ta, tb = load_tensors(a / name), load_tensors(b / name)
         if ta.keys() != tb.keys() or not all(torch.equal(ta[k], tb[k]) for k in ta):
             return False
     return True
@@ -69,8 +70,13 @@ def compare(commits: list[str], presets: tuple[str, ...] = PRESETS) -> dict[str,
                 raise SystemExit(f"this checkout failed to train {preset}: {error}")
         for commit in commits:
             tree = tmp / f"tree_{commit}"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), commit],
-                           check=True, capture_output=True)
+            added = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), commit],
+                                   capture_output=True, text=True)
+            if added.returncode != 0:
+                why = (added.stderr.strip().splitlines() or ["git worktree add failed"])[-1]
+                for preset in presets:
+                    out[preset][commit] = f"failed: {why}"
+                continue
             try:
                 for preset in presets:
                     error = train(tree, preset, tmp / commit / preset)
