@@ -14,9 +14,9 @@ import math
 import sys
 
 from geolens.analysis.clockpizza import VERDICT_CODES
-from geolens.paper import paper_tables
-from geolens.run import load_run
-from geolens.trajectory import analyze_run
+from geolens.analysis.trajectory import analyze_run
+from geolens.outputs.paper import paper_tables
+from geolens.runs.run import load_run
 
 METRICS = ["loss", "keyfreq_wl_fft", "fve_paper", "truncated_logit_acc", "grad_symmetricity", "distance_irrelevance",
            "clock_pizza"]

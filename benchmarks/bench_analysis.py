@@ -34,12 +34,12 @@ import torch
 
 from geolens.analysis import METRICS, AnalysisContext, compute_metrics
 from geolens.analysis.threads import torch_threads
-from geolens.config import make_config
-from geolens.model import GeoTransformer
-from geolens.run import load_run
-from geolens.tasks import make_dataset
-from geolens.train import train
-from geolens.trajectory import ANALYSIS_DIR, analyze_run
+from geolens.analysis.trajectory import ANALYSIS_DIR, analyze_run
+from geolens.model.config import make_config
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
+from geolens.runs.run import load_run
+from geolens.training.train import train
 
 
 def _median_time(fn, reps: int) -> float:

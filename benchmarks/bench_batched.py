@@ -1,12 +1,12 @@
-"""Batched-seeds benchmark: seed-epochs per second of geolens.batched vs the single-run fast path.
+"""Batched-seeds benchmark: seed-epochs per second of geolens.training.batched vs the single-run fast path.
 
     python benchmarks/bench_batched.py                    # presets fb and ln, 1 / 4 / 10 seeds, p = 113
     python benchmarks/bench_batched.py --reps 2 --seeds 1,4 --engines fast
     python benchmarks/bench_batched.py --device cuda --seeds 1,10,100 --reps 10
 
-Batched engines: 'fast' (geolens.fast.stacked_fast_logits: the fast path with a leading member
+Batched engines: 'fast' (geolens.model.fast.stacked_fast_logits: the fast path with a leading member
 dimension, the default for one-layer models) and 'hooked' (the hooked forward vmapped over the
-members); every member steps its own torch AdamW, as geolens.batched.train_batched does.
+members); every member steps its own torch AdamW, as geolens.training.batched.train_batched does.
 One seed-epoch = one member's full-batch training step (forward, cross-entropy, backward, AdamW
 step) on its training split (p = 113, frac 0.3: 3,830 examples). The single-run path is the
 geolens fast path (fast_logits + engine.make_optimizer, one seed), measured in the same process. All
@@ -25,12 +25,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from geolens.batched import StackedForward, member_losses
-from geolens.config import make_config
-from geolens.fast import fast_logits
-from geolens.model import GeoTransformer
-from geolens.tasks import make_dataset
-from geolens.engine import make_optimizer, synchronize
+from geolens.model.config import make_config
+from geolens.model.fast import fast_logits
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
+from geolens.training.batched import StackedForward, member_losses
+from geolens.training.engine import make_optimizer, synchronize
 
 
 def single_step(preset: str, device: torch.device):

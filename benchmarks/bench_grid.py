@@ -32,8 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from geolens.grid import make_grid
-from geolens.sweep import run_sweep
+from geolens.sweeps.grid import make_grid
+from geolens.sweeps.sweep import run_sweep
 
 #: Table 1 at lr 6e-4: epoch budget and the paper's slowest onset_095 over 10 seeds, and the preset
 #: of this benchmark's grid whose cost per seed-epoch it has

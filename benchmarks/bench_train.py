@@ -1,4 +1,4 @@
-"""Training-step benchmark: straightforward PyTorch vs the hooked GeoTransformer vs geolens.fast.
+"""Training-step benchmark: straightforward PyTorch vs the hooked GeoTransformer vs geolens.model.fast.
 
     python benchmarks/bench_train.py            # presets ln, rms, fb, fb+uniform at p = 113
     python benchmarks/bench_train.py --reps 7   # fewer repetitions (quicker, noisier)
@@ -7,13 +7,13 @@
 One epoch = one full-batch step on the training split (p = 113, frac 0.3: 3,830 examples):
 forward, cross-entropy, backward, AdamW step (the preset's lr / betas / weight decay; the
 straightforward implementation uses torch.optim.AdamW's defaults, the two geolens engines
-geolens.engine.make_optimizer, the fused AdamW `geolens train` uses). The three
+geolens.training.engine.make_optimizer, the fused AdamW `geolens train` uses). The three
 engines run interleaved (one step each per round) in this one process on the same data, and the
 median over rounds is reported. Before timing, each engine evaluates the test split once under
 no_grad, as the training loop does at epoch 0. Timings on a shared machine are noisy: compare
 the ratios printed in one run, not numbers across runs.
 
-(a) The straightforward engine is geolens.plain_model.PlainTransformer, the plain PyTorch
+(a) The straightforward engine is geolens.model.plain_model.PlainTransformer, the plain PyTorch
 implementation of the paper's model the tests check the hooked model against (nn.Embedding,
 bias-free Q/K/V/O Linear layers, softmax attention over the 3 positions, MLP, post-norm; here
 the readout only at position 2). It is loaded with the hooked model's weights and checked to
@@ -33,15 +33,15 @@ import time
 import torch
 import torch.nn.functional as F
 
-from geolens.config import make_config
-from geolens.fast import fast_flops, fast_logits
-from geolens.model import GeoTransformer
-from geolens.plain_model import PlainTransformer
-from geolens.tasks import make_dataset
-from geolens.engine import make_optimizer, synchronize
+from geolens.model.config import make_config
+from geolens.model.fast import fast_flops, fast_logits
+from geolens.model.plain_model import PlainTransformer
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
+from geolens.training.engine import make_optimizer, synchronize
 
 
-# ---- (a) the straightforward implementation: geolens.plain_model.PlainTransformer -----------------
+# ---- (a) the straightforward implementation: geolens.model.plain_model.PlainTransformer -----------------
 def straightforward_flops(cfg, n: int) -> int:
     """Matmul FLOPs of one step of (a): fwd + 2x bwd, all 3 positions."""
     D, Dm, H, dh, C = cfg.d_model, cfg.d_mlp, cfg.n_heads, cfg.d_head, cfg.d_vocab_out

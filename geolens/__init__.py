@@ -8,38 +8,36 @@ Public API (imported on first use, so `geolens --help` does not pay for importin
                                HookedTransformer's names (forward, run_with_cache, to_tokens, W_Q, OV, ...)
     GeoActivationCache         what GeoTransformer.run_with_cache returns: ActivationCache with
                                residual decompositions exact for the post-norm topology
-    residual_parts             those decompositions as a function (geolens.decompose)
+    residual_parts             those decompositions as a function (geolens.model.decompose)
     Dataset, make_dataset      a task's inputs, labels and seeded train/test split
     Run, AnalysisRun, load_run a trained run directory: Run reads it (metrics, checkpoints,
                                model_at, dataset), AnalysisRun adds analyze and probe;
                                load_run(path) opens one as an AnalysisRun
     compute_metrics            every analysis metric of one model (geolens.analysis)
-    reference_run              a shipped reference trajectory from checkpoints/ ('fb', 'ln'; geolens.shipped)
+    reference_run              a shipped reference trajectory from checkpoints/ ('fb', 'ln'; geolens.analysis.shipped)
 
-Modules: config, model, readout (the bounded readout's normalisation), cache, decompose, tasks,
-train (the training loop), engine (device, forward engine, optimizer), recording (a run's records),
-batched, fast (the exact fast path of one-layer models), plain_model (the plain-PyTorch reference),
-run, trajectory, analysis (metrics; definitions in docs/metrics.md), probe, run_analysis, report,
-plots, export (trimmed copies of runs), shipped (the reference trajectories in checkpoints/), cli;
-docs/architecture.md lists them all and shows how they fit together.
+Subpackages, one per layer (each imports only from the layers below it; docs/architecture.md):
+model (config, tasks, the hooked model, the fast path), runs (run directories: storage, safety,
+reading), training (the loops), sweeps (grids of runs), analysis (metrics, trajectories, probes),
+outputs (figures, reports, the paper's tables); cli is the command line.
 """
 
 from importlib import import_module
 
 _EXPORTS = {
-    "GeoConfig": "geolens.config",
-    "make_config": "geolens.config",
+    "GeoConfig": "geolens.model.config",
+    "make_config": "geolens.model.config",
     "GeoError": "geolens.errors",
-    "GeoTransformer": "geolens.model",
-    "GeoActivationCache": "geolens.cache",
-    "residual_parts": "geolens.decompose",
-    "Dataset": "geolens.tasks",
-    "make_dataset": "geolens.tasks",
-    "Run": "geolens.run",
-    "AnalysisRun": "geolens.run_analysis",
-    "load_run": "geolens.run_analysis",
+    "GeoTransformer": "geolens.model.transformer",
+    "GeoActivationCache": "geolens.model.cache",
+    "residual_parts": "geolens.model.decompose",
+    "Dataset": "geolens.model.tasks",
+    "make_dataset": "geolens.model.tasks",
+    "Run": "geolens.runs.run",
+    "AnalysisRun": "geolens.analysis.run_analysis",
+    "load_run": "geolens.analysis.run_analysis",
     "compute_metrics": "geolens.analysis",
-    "reference_run": "geolens.shipped",
+    "reference_run": "geolens.analysis.shipped",
 }
 __all__ = list(_EXPORTS)
 

@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from geolens.config import make_config, parse_override
 from geolens.errors import GeoError, GeoWarning
+from geolens.model.config import make_config, parse_override
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Grokking geometry toolkit.")
 # markup off: paths, presets and messages are printed as they are, never parsed as rich markup
@@ -74,7 +74,7 @@ def train(
     if not resume and "seed" in overrides and "data_seed" not in overrides:
         overrides["data_seed"] = overrides["seed"]  # the paper shuffles the split with the run's seed; so does sweep
     cfg = None if resume else make_config(preset or "fb", **overrides)  # validate before the heavy imports
-    from geolens import train as training
+    from geolens.training import train as training
 
     if resume:
         result = training.resume(out, progress=not quiet, **overrides)
@@ -111,8 +111,8 @@ def sweep(
 ) -> None:
     """Train a grid (presets x seeds x lrs x wds x tasks x p); members of one shape are stacked in one
     process, each written as an ordinary run directory. Rerunning skips finished members and resumes killed ones."""
-    from geolens.grid import make_grid
-    from geolens.sweep import member_summary, run_sweep
+    from geolens.sweeps.grid import make_grid
+    from geolens.sweeps.sweep import member_summary, run_sweep
 
     flags = dict(presets=preset, seeds=seeds, lr=lr, wd=wd, task=task, p=p, epochs=epochs, data_seed=data_seed,
                  frac=frac, eval_every=eval_every, checkpoints=checkpoints, early_stop=early_stop, layout=layout)
@@ -147,11 +147,11 @@ def demo(
 ) -> None:
     """The main job: train the default run (fully bounded sphere, Z_113 addition, lr 6e-4, seed 1,
     early stop 300 epochs after test accuracy holds >= 0.99), analyse its trajectory, write the report."""
-    from geolens import train as training
-    from geolens.report import write_report
-    from geolens.run import load_run
-    from geolens.storage import RunDir
-    from geolens.trajectory import analyze_run
+    from geolens.analysis.trajectory import analyze_run
+    from geolens.outputs.report import write_report
+    from geolens.runs.run import load_run
+    from geolens.runs.storage import RunDir
+    from geolens.training import train as training
 
     cfg = make_config(**DEMO)
     run_dir = RunDir(out)
@@ -175,8 +175,8 @@ def demo(
 @app.command()
 def info(run: Path = typer.Option(..., help="Run directory.")) -> None:
     """Summarise a run: config, progress, onset events, checkpoints, and any damage (exit 1 if damaged)."""
-    from geolens.integrity import problems
-    from geolens.storage import RunDir
+    from geolens.runs.integrity import problems
+    from geolens.runs.storage import RunDir
 
     damage = problems(RunDir(run))
     _print_summary(run, damage)
@@ -188,9 +188,9 @@ def info(run: Path = typer.Option(..., help="Run directory.")) -> None:
 def repair(run: Path = typer.Option(..., help="Run directory.")) -> None:
     """Make a damaged run directory consistent where that is exact: rebuild the manifest from the
     checkpoint files, move damaged checkpoints to checkpoints/damaged/, recompute events.json."""
-    from geolens.integrity import repair as repair_run
-    from geolens.runlock import RunLock
-    from geolens.storage import RunDir
+    from geolens.runs.integrity import repair as repair_run
+    from geolens.runs.runlock import RunLock
+    from geolens.runs.storage import RunDir
 
     with RunLock(run, "repair"):
         done = repair_run(RunDir(run))
@@ -207,8 +207,8 @@ def export(
 ) -> None:
     """Write a trimmed copy of a run for shipping: run.json, metrics.csv, events.json and the chosen
     checkpoints; no resume state (analysis only)."""
-    from geolens.export import export_run
-    from geolens.run import load_run
+    from geolens.runs.export import export_run
+    from geolens.runs.run import load_run
 
     done = load_run(export_run(run, out, _ints(steps, "--steps")))
     size = sum(f.stat().st_size for f in done.path.rglob("*") if f.is_file())
@@ -233,10 +233,10 @@ def analyze(
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
     """Evaluate metrics at every checkpoint (cached), write analysis/metrics.csv and analysis/report.html."""
-    from geolens.plots import check_formats
-    from geolens.report import write_report
-    from geolens.run import load_run
-    from geolens.trajectory import analyze_run
+    from geolens.analysis.trajectory import analyze_run
+    from geolens.outputs.plots import check_formats
+    from geolens.outputs.report import write_report
+    from geolens.runs.run import load_run
 
     formats = tuple(f for f in static.split(",") if f)
     check_formats(formats)
@@ -260,8 +260,8 @@ def probe(
     step: int = typer.Option(..., help="Training epoch (the nearest checkpoint is used)."),
 ) -> None:
     """Print the circuit at one step: key frequencies, FVE, Clock/Pizza verdict, top heads and neurons."""
-    from geolens.probe import describe, probe_run
-    from geolens.run import load_run
+    from geolens.analysis.probe import describe, probe_run
+    from geolens.runs.run import load_run
 
     table = Table(show_header=False, title=f"{run} @ {step}")
     for label, text in describe(probe_run(load_run(run), step)):
@@ -278,7 +278,7 @@ def table(
                                        "(default: RUNS/tables)."),
 ) -> None:
     """Rebuild the paper's tables from runs: onsets (or peak accuracy) per configuration, CI, the paper's row, a verdict."""
-    from geolens.tables import build_tables, rich_table, write_table
+    from geolens.outputs.tables import build_tables, rich_table, write_table
 
     built, notes = build_tables(runs, paper)
     folder = out or runs / "tables"
@@ -301,8 +301,8 @@ def figures(
     formats: str = typer.Option("png,pdf", help="Static formats, comma-separated ('' for none); figures.html is always written."),
 ) -> None:
     """Regenerate the paper's figures (and geolens's own) from runs: PNG + PDF each, one interactive HTML page."""
-    from geolens.figures import build_figures, write_figures
-    from geolens.plots import check_formats
+    from geolens.outputs.figures import build_figures, write_figures
+    from geolens.outputs.plots import check_formats
 
     static = tuple(f for f in formats.split(",") if f)
     check_formats(static)
@@ -329,7 +329,7 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
 
 
 def _print_summary(path: Path, damage: list[str] = ()) -> None:
-    from geolens.run import load_run
+    from geolens.runs.run import load_run
 
     table = Table(show_header=False, title=str(path))
     for key, value in load_run(path).summary().items():
@@ -398,7 +398,7 @@ def main() -> None:
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     except Exception as e:
-        from geolens.resources import is_out_of_memory
+        from geolens.training.resources import is_out_of_memory
 
         if os.environ.get("GEOLENS_DEBUG"):
             raise

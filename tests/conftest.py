@@ -13,8 +13,8 @@ import torch
 
 from geolens.analysis.threads import torch_threads
 from geolens.cli import main
-from geolens.config import make_config
-from geolens.storage import RunDir, atomic_write_json, load_tensors, write_metrics
+from geolens.model.config import make_config
+from geolens.runs.storage import RunDir, atomic_write_json, load_tensors, write_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 # a tiny model: trains in seconds (p = 23, half of the pairs for training)
@@ -62,7 +62,7 @@ def tiny_sweep(tmp_path_factory):
     """A real sweep on Z_23: `sphere` (weight decay 1) and `fb` (weight decay 0), seeds 1-2, 400
     epochs, one batch, laid out as a grid sweep (ROOT/<preset>/lr4e-3/seed_N). With this code
     sphere groks (test acc > 0.95) within the budget and fb does not (the tests do not rely on it)."""
-    from geolens.batched import train_batched
+    from geolens.training.batched import train_batched
 
     root = tmp_path_factory.mktemp("tiny_sweep")
     cfgs = [make_config(preset, seed=s, data_seed=s, **TINY_SWEEP) for preset in ("sphere", "fb") for s in (1, 2)]
@@ -74,7 +74,7 @@ def tiny_sweep(tmp_path_factory):
 def _write_run(path, cfg, test_acc: dict[int, float], status: str = "finished", train_acc: float = 1.0) -> None:
     """A run directory without checkpoints whose metrics.csv has test accuracy test_acc[epoch] at
     each evaluated epoch (so its onsets are known), written with the storage helpers."""
-    from geolens.recording import onset_events
+    from geolens.training.recording import onset_events
 
     run = RunDir(path)
     run.path.mkdir(parents=True, exist_ok=True)

@@ -7,9 +7,9 @@ import torch
 
 from geolens.analysis import circuit, eqforward, geometry
 from geolens.analysis.context import AnalysisContext
-from geolens.config import make_config
-from geolens.model import GeoTransformer
-from geolens.tasks import make_dataset
+from geolens.model.config import make_config
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
 
 
 def _ctx(preset, n_layers=1, p=13, **kw):

@@ -9,8 +9,8 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
 from geolens.analysis import clockpizza, fourier
-from geolens.config import make_config
-from geolens.tasks import make_dataset
+from geolens.model.config import make_config
+from geolens.model.tasks import make_dataset
 
 P = 31
 K = 4  # the one frequency both toy models use

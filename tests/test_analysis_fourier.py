@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from geolens.analysis import fourier
-from geolens.config import make_config
 from geolens.errors import GeoError
-from geolens.tasks import compose_table, make_dataset
+from geolens.model.config import make_config
+from geolens.model.tasks import compose_table, make_dataset
 
 
 @pytest.mark.parametrize("n", [23, 24, 59])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from geolens.analysis import fourier, fve, keyfreq
-from geolens.config import make_config
+from geolens.model.config import make_config
 
 P = 23
 

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from geolens.analysis import fourier, progress_measures
-from geolens.config import make_config
-from geolens.model import GeoTransformer
-from geolens.tasks import make_dataset
+from geolens.model.config import make_config
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
 
 
 def _setup(task="add", p=23):

@@ -5,14 +5,13 @@ import math
 import pytest
 import torch
 
-from geolens.analysis import METRICS, AnalysisContext, compute_metrics, metric_versions
-from geolens.analysis import eqforward
+from geolens.analysis import METRICS, AnalysisContext, compute_metrics, eqforward, metric_versions
 from geolens.analysis.context import last_position_forward
-from geolens.config import make_config
 from geolens.errors import GeoError
-from geolens.fast import fast_eq_forward
-from geolens.model import GeoTransformer
-from geolens.tasks import make_dataset
+from geolens.model.config import make_config
+from geolens.model.fast import fast_eq_forward
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
 
 SMALL = dict(d_model=32, d_mlp=64, n_heads=2, d_head=16)
 

@@ -8,9 +8,9 @@ import torch
 from geolens.analysis import compute_metrics
 from geolens.analysis import context as context_mod
 from geolens.analysis.eqforward import eq_forward_tables, eq_from_cache, eq_hooks
-from geolens.config import make_config
-from geolens.model import GeoTransformer
-from geolens.tasks import make_dataset
+from geolens.model.config import make_config
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
 
 CASES = [
     ("fb", {}),

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from geolens import recording
-from geolens import train as training
-from geolens.batched import check_members, train_batched
 from geolens.cli import app
-from geolens.config import make_config
 from geolens.errors import GeoError
-from geolens.run import load_run
-from geolens.storage import load_tensors
+from geolens.model.config import make_config
+from geolens.runs.run import load_run
+from geolens.runs.storage import load_tensors
+from geolens.training import recording
+from geolens.training import train as training
+from geolens.training.batched import check_members, train_batched
 
 TINY = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, lr=1e-3, epochs=30, eval_every=5,
             checkpoints="every:10")
@@ -106,7 +106,7 @@ def test_finished_members_leave_the_stack_and_the_others_do_not_change(tmp_path,
     # members stop at 10 and 25: the stack trains 3 models, then 2, then the last member with one
     # finished model as passenger; each member's run is bit for bit the one it gets stacked throughout
     # with a copy of itself (min_stack=2), so leaving the stack changes nobody's numbers
-    from geolens import batched
+    from geolens.training import batched
 
     monkeypatch.setattr(recording, "SUSTAINED_ACC", 0.0)
     base = make_config("fb", **{**TINY, "lr": 3e-3, "epochs": 40})
@@ -152,7 +152,7 @@ def test_sweep_cli_writes_member_runs_skips_finished_and_refuses_changed(tmp_pat
 
 def _killed_at(monkeypatch, epoch):
     """train_batched/resume_batched raise KeyboardInterrupt (as a killed process would stop) at `epoch`."""
-    import geolens.batched as batched
+    import geolens.training.batched as batched
 
     real = batched._evaluate
 
@@ -166,7 +166,7 @@ def _killed_at(monkeypatch, epoch):
 
 
 def test_batched_resume_equals_the_uninterrupted_batch_bit_for_bit(tmp_path, monkeypatch, assert_identical_runs):
-    from geolens.batched import resume_batched
+    from geolens.training.batched import resume_batched
 
     cfgs = [make_config("ln", seed=s, data_seed=s, **{**TINY, "epochs": 50, "checkpoints": "every:20"}) for s in (1, 2, 3)]
     train_batched(cfgs, [tmp_path / "full" / f"m{i}" for i in range(3)], progress=False)
@@ -189,7 +189,7 @@ def test_batched_resume_equals_the_uninterrupted_batch_bit_for_bit(tmp_path, mon
 def test_a_lone_member_resumes_with_a_copy_as_in_its_stack(tmp_path, monkeypatch, assert_identical_runs):
     # stacked with an unrecorded copy of itself (min_stack=2) a member continues exactly as in its
     # original stack of three; alone it would take the one-member matmul path
-    from geolens.batched import resume_batched
+    from geolens.training.batched import resume_batched
 
     cfgs = [make_config("fb", seed=s, data_seed=s, **{**TINY, "epochs": 40, "checkpoints": "every:10"}) for s in (4, 5, 6)]
     train_batched(cfgs, [tmp_path / "full" / f"m{i}" for i in range(3)], progress=False)

@@ -5,7 +5,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import TINY
 
 
@@ -81,9 +80,9 @@ def test_ctrl_c_exits_130_and_says_what_is_kept(tmp_path, geolens, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("geolens.trajectory.analyze_run", interrupted)
+    monkeypatch.setattr("geolens.analysis.trajectory.analyze_run", interrupted)
     r = geolens("analyze", "--run", str(out), "--quiet")
     assert r.returncode == 130 and "interrupted" in r.stderr and "rerun analyze" in r.stderr and "--resume" not in r.stderr
-    monkeypatch.setattr("geolens.sweep.run_sweep", interrupted)
+    monkeypatch.setattr("geolens.sweeps.sweep.run_sweep", interrupted)
     r = geolens("sweep", "--seeds", "1", "--out", str(tmp_path / "sw"), "--quiet", *TINY)
     assert r.returncode == 130 and "rerun the same sweep command" in r.stderr

@@ -1,4 +1,4 @@
-"""Exact residual / logit decompositions of the post-norm model (geolens.decompose, GeoActivationCache)."""
+"""Exact residual / logit decompositions of the post-norm model (geolens.model.decompose, GeoActivationCache)."""
 
 import pytest
 import torch
@@ -6,11 +6,11 @@ from transformer_lens.ActivationCache import ActivationCache
 
 from geolens.analysis import circuit
 from geolens.analysis.eqforward import eq_from_cache
-from geolens.cache import GeoActivationCache
-from geolens.config import make_config
 from geolens.errors import GeoError
-from geolens.model import GeoTransformer
-from geolens.tasks import make_dataset
+from geolens.model.cache import GeoActivationCache
+from geolens.model.config import make_config
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
 
 SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64)
 PRESETS = [base + mod for base in ("ln", "rms", "none", "sphere", "fb", "sphere_raw") for mod in ("", "+uniform")]

@@ -6,16 +6,16 @@ readable on the CPU."""
 import pytest
 import torch
 import torch.nn.functional as F
-
-from geolens import train as training
-from geolens.batched import StackedForward, member_losses, train_batched
-from geolens.config import make_config
-from geolens.errors import GeoError
-from geolens.model import GeoTransformer
-from geolens.run import load_run
-from geolens.tasks import make_dataset
 from test_fast import _assert_close, _compare, _config, _trained_looking
 from test_train import _strip
+
+from geolens.errors import GeoError
+from geolens.model.config import make_config
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
+from geolens.runs.run import load_run
+from geolens.training import train as training
+from geolens.training.batched import StackedForward, member_losses, train_batched
 
 TINY = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, lr=1e-3)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

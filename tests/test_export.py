@@ -7,16 +7,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, one_line_error
-from geolens import train as training
-from geolens.config import make_config
+
+from geolens.analysis.run_analysis import load_run
+from geolens.analysis.shipped import REFERENCE_RUNS, reference_path, reference_run
 from geolens.errors import GeoError
-from geolens.export import export_run
-from geolens.integrity import problems
-from geolens.run_analysis import load_run
-from geolens.shipped import REFERENCE_RUNS, reference_path, reference_run
-from geolens.storage import RunDir
+from geolens.model.config import make_config
+from geolens.runs.export import export_run
+from geolens.runs.integrity import problems
+from geolens.runs.storage import RunDir
+from geolens.training import train as training
 
 SMALL = dict(p=23, frac_train=0.5, d_model=32, n_heads=4, d_head=8, d_mlp=64, lr=1e-3)
 METRICS = "loss,keyfreq_wl_fft,fve_paper,grad_symmetricity,distance_irrelevance,clock_pizza"
@@ -156,7 +156,7 @@ def test_shipped_trajectories_are_whole_and_analysed(name, monkeypatch, geolens)
         assert path.stat().st_size < 1.2e6  # float32 weights only
     # the shipped cache covers every checkpoint with every metric: analysing computes nothing
     from geolens.analysis import METRICS
-    from geolens.trajectory import cached_metrics
+    from geolens.analysis.trajectory import cached_metrics
 
     for step in run.steps:
         assert sorted(cached_metrics(run, step, list(METRICS))) == sorted(

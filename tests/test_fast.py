@@ -1,4 +1,4 @@
-"""The fast path (geolens.fast) against the hooked GeoTransformer: same logits, same gradients.
+"""The fast path (geolens.model.fast) against the hooked GeoTransformer: same logits, same gradients.
 
 Every preset x modifier x task at small p and small widths, on the initial weights and on
 "trained-looking" weights (scaled embeddings and projections, non-trivial norm gains/offsets,
@@ -14,13 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from geolens import config, fast
-from geolens.config import GeoConfig, make_config
 from geolens.errors import GeoError
-from geolens.fast import fast_eq_forward, fast_flops, fast_logits, fast_unsupported_reason, stacked_fast_logits
-from geolens.model import GeoTransformer
-from geolens.tasks import make_dataset
-from geolens.engine import choose_engine
+from geolens.model import config, fast
+from geolens.model.config import GeoConfig, make_config
+from geolens.model.fast import fast_eq_forward, fast_flops, fast_logits, fast_unsupported_reason, stacked_fast_logits
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
+from geolens.training.engine import choose_engine
 
 TOL = 1e-5
 SMALL = dict(p=23, n_perm=4, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5)
@@ -259,7 +259,7 @@ def test_two_layer_models_fall_back_with_a_reason():
 
 
 def test_every_config_field_is_declared_by_the_fast_path():
-    """A new GeoConfig field must be classified in geolens.fast before the fast path runs it."""
+    """A new GeoConfig field must be classified in geolens.model.fast before the fast path runs it."""
     declared = {"n_layers", "norm", "unembed", "attention"} | fast.FAST_VALUE_FIELDS | fast.FAST_IGNORED_FIELDS
     assert declared == {f.name for f in dataclasses.fields(GeoConfig)}
     assert not fast.FAST_VALUE_FIELDS & fast.FAST_IGNORED_FIELDS

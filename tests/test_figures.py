@@ -6,21 +6,30 @@ import sys
 import pytest
 import torch
 
-from geolens import figures
 from geolens.analysis import compute_metrics, eqforward
 from geolens.analysis.fourier import cyclic_frame
+from geolens.analysis.trajectory import analyze_run
 from geolens.cli import main
-from geolens.config import make_config
 from geolens.errors import GeoError
-from geolens.fast import fast_eq_forward
-from geolens.figures import (ZOOM_EPOCHS, analysis_step, build_figures, clock_pizza_path, fig_onsets, fig_test_accuracy,
-                             fig_uniform_attention, snapshot, write_figures)
-from geolens.paper import paper_tables
-from geolens.plots import Bar, Line, Region
-from geolens.run import load_run
-from geolens.runset import find_runs, group_runs
-from geolens.tables import build_tables
-from geolens.trajectory import analyze_run
+from geolens.model.config import make_config
+from geolens.model.fast import fast_eq_forward
+from geolens.outputs import figures
+from geolens.outputs.figures import (
+    ZOOM_EPOCHS,
+    analysis_step,
+    build_figures,
+    clock_pizza_path,
+    fig_onsets,
+    fig_test_accuracy,
+    fig_uniform_attention,
+    snapshot,
+    write_figures,
+)
+from geolens.outputs.paper import paper_tables
+from geolens.outputs.plots import Bar, Line, Region
+from geolens.outputs.tables import build_tables
+from geolens.runs.run import load_run
+from geolens.runs.runset import find_runs, group_runs
 
 ADD = dict(task="add", p=113, eval_every=100)
 
@@ -175,7 +184,7 @@ def test_spectrum_comparison_of_any_runs_is_the_spectrum_figure(tiny_sweep):
 def test_to_matplotlib_draws_every_panel(tiny_sweep, tmp_path):
     from matplotlib.figure import Figure
 
-    from geolens.plots import to_matplotlib
+    from geolens.outputs.plots import to_matplotlib
 
     specs, _ = build_figures(tiny_sweep)
     for spec in specs:
@@ -192,7 +201,7 @@ def test_long_legends_never_cover_the_data():
     below both panels; a panel of its own with seven entries: below that panel; three: inside."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from geolens.plots import FigureSpec, Panel, to_matplotlib
+    from geolens.outputs.plots import FigureSpec, Panel, to_matplotlib
 
     def panel(n):
         return Panel("p", [Line([0, 1], [0, 1], f"config {i}") for i in range(n)], "epoch", "acc")

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from geolens.batched import train_batched
-from geolens.config import make_config
 from geolens.errors import GeoError
-from geolens.grid import (
+from geolens.model.config import make_config
+from geolens.model.schedule import parse_schedule
+from geolens.sweeps.grid import (
     Job,
     Member,
     chunks,
@@ -21,8 +21,8 @@ from geolens.grid import (
     plan_jobs,
     resolve_layout,
 )
-from geolens.schedule import parse_schedule
-from geolens.sweep import run_sweep
+from geolens.sweeps.sweep import run_sweep
+from geolens.training.batched import train_batched
 
 TINY = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, eval_every=5)
 TINY_SET = ["d_model=32", "d_head=8", "d_mlp=64"]
@@ -186,7 +186,7 @@ def _member(tmp_path, name="m", **changes):
 
 
 def test_member_states(tmp_path, monkeypatch):
-    import geolens.batched as batched
+    import geolens.training.batched as batched
 
     m = _member(tmp_path)
     inspect_member(m)
@@ -235,8 +235,8 @@ def test_member_states(tmp_path, monkeypatch):
 
 
 def test_member_killed_after_its_last_checkpoint_is_finished_without_training(tmp_path):
-    from geolens.run import load_run
-    from geolens.sweep import finish_member
+    from geolens.runs.run import load_run
+    from geolens.sweeps.sweep import finish_member
 
     m = _member(tmp_path)
     train_batched([m.cfg], [m.path], progress=False)
@@ -254,8 +254,8 @@ def test_member_killed_after_its_last_checkpoint_is_finished_without_training(tm
 
 
 def test_a_raised_budget_extends_finished_members_bit_for_bit(tmp_path, assert_identical_runs):
-    from geolens.storage import read_metrics, write_metrics
-    from geolens.sweep import run_job
+    from geolens.runs.storage import read_metrics, write_metrics
+    from geolens.sweeps.sweep import run_job
 
     short = [_member(tmp_path / "short", f"seed_{s}", seed=s, data_seed=s) for s in (1, 2)]
     train_batched([m.cfg for m in short], [m.path for m in short], progress=False, min_stack=2)
@@ -292,8 +292,8 @@ def test_a_lowered_budget_stops_a_killed_member_sooner_as_if_trained_to_it(tmp_p
                                                                           assert_identical_runs):
     # a member killed at epoch 15 of 20 (resume state at 10), rerun by a sweep asking for 15 epochs:
     # the run trained to 15 in one go, and then done under that budget
-    import geolens.batched as batched
-    from geolens.sweep import run_job
+    import geolens.training.batched as batched
+    from geolens.sweeps.sweep import run_job
 
     real = batched._evaluate
 

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 from transformer_lens.ActivationCache import ActivationCache
 
-from geolens.config import GeoConfig, make_config
 from geolens.errors import GeoError
-from geolens.model import GeoTransformer
-from geolens.plain_model import PlainTransformer
-from geolens.tasks import make_dataset
+from geolens.model.config import GeoConfig, make_config
+from geolens.model.plain_model import PlainTransformer
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
 
 SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64)
 
@@ -25,7 +25,7 @@ def tokens_for(cfg, n=64, seed=0):
     return torch.cat([ab, torch.full((n, 1), cfg.n_classes)], dim=1)
 
 
-# ---- the plain-PyTorch reference of the paper's forward equations (geolens.plain_model) ----------
+# ---- the plain-PyTorch reference of the paper's forward equations (geolens.model.plain_model) ----------
 def paper_forward(model, tokens):
     """h = N1(E[x] + P); h = N2(h + Attn(h)); h = N3(h + MLP(h)); logits = f(h) at every position."""
     return PlainTransformer(model.cfg).load_from(model)(tokens)
@@ -352,9 +352,9 @@ def test_dir_and_help_list_the_public_api():
 
 
 def test_readout_normalisation_is_shared_and_clamped():
-    """geolens.readout: unit columns over d_model (the second-to-last dim, members stacked in front),
+    """geolens.model.readout: unit columns over d_model (the second-to-last dim, members stacked in front),
     a zero column divided by 1e-12 instead of 0, and the bounded readout tau times the unit columns."""
-    from geolens.readout import bounded_readout, unit_columns
+    from geolens.model.readout import bounded_readout, unit_columns
 
     W = torch.randn(2, 8, 5, generator=torch.Generator().manual_seed(0))
     W[1, :, 3] = 0.0

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from geolens import train as training
-from geolens.config import make_config
-from geolens.plots import Heatmap, Line, Region
-from geolens.report import build_figures, write_report
-from geolens.run import load_run
-from geolens.trajectory import analyze_run
+from geolens.analysis.trajectory import analyze_run
+from geolens.model.config import make_config
+from geolens.outputs.plots import Heatmap, Line, Region
+from geolens.outputs.report import build_figures, write_report
+from geolens.runs.run import load_run
+from geolens.training import train as training
 
 SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.6, lr=3e-3)
 

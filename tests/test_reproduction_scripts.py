@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from geolens import load_run
-from geolens import train as training
-from geolens.config import make_config
-from geolens.storage import load_tensors, save_tensors
+from geolens.model.config import make_config
+from geolens.runs.storage import load_tensors, save_tensors
+from geolens.training import train as training
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "analyses" / "reproduction"
 SMALL = dict(p=23, frac_train=0.5, d_model=32, n_heads=4, d_head=8, d_mlp=64, lr=1e-3, epochs=40, eval_every=10)
@@ -88,7 +88,7 @@ def test_every_reproduction_grid_expands_and_run_cpu_runs_each(tmp_path):
     members (an unknown preset or key, or a bad value, fails here rather than hours into a run)."""
     import re
 
-    from geolens.grid import expand, make_grid, resolve_layout
+    from geolens.sweeps.grid import expand, make_grid, resolve_layout
 
     names = re.search(r"grids=\((table1[^)]*)\)", (SCRIPTS / "run_cpu.sh").read_text()).group(1).split()
     assert "table1_lr6e-4" in names and all((SCRIPTS / f"{n}.toml").exists() != (SCRIPTS / f"{n}.sh").exists()
@@ -105,12 +105,12 @@ def test_figures_sh_rebuilds_every_figure_the_reproduction_doc_shows():
     figure `geolens figures` makes (else a figure in the doc would be a hand-copied leftover)."""
     import re
 
-    import geolens.figures
+    import geolens.outputs.figures
 
     shown = set(re.findall(r"\(figures/reproduction/([\w-]+)\.png\)", (SCRIPTS.parent.parent / "docs" / "reproduction.md").read_text()))
     pairs = [p.split("=") for line in (SCRIPTS / "figures.sh").read_text().splitlines()
              if line.startswith("figure ") for p in line.split()[3:]]
-    made = set(re.findall(r"FigureSpec\(\"(\w+)\"", Path(geolens.figures.__file__).read_text()))
+    made = set(re.findall(r"FigureSpec\(\"(\w+)\"", Path(geolens.outputs.figures.__file__).read_text()))
     assert shown and {target for _, target in pairs} == shown
     assert {name for name, _ in pairs} <= made
 
@@ -124,8 +124,8 @@ def test_run_gpu_sh_runs_every_paper_row_at_its_seeds_and_budget_on_cuda(tmp_pat
     import re
     import shlex
 
-    from geolens.grid import expand, make_grid, resolve_layout
-    from geolens.paper import mismatches, paper_table
+    from geolens.outputs.paper import mismatches, paper_table
+    from geolens.sweeps.grid import expand, make_grid, resolve_layout
 
     text = (SCRIPTS / "run_gpu.sh").read_text()
     assert re.search(r'--set device=cuda --quiet "\$@"', text)  # gpu() puts every sweep on the GPU

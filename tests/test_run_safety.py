@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY, geolens_process, one_line_error
-from geolens import train as training
-from geolens.config import make_config
+
+from geolens.analysis.run_analysis import load_run
 from geolens.errors import GeoError
-from geolens.run_analysis import load_run
-from geolens.runlock import LOCK_NAME, RunLock
-from geolens.storage import RunDir, load_tensors, read_metrics
+from geolens.model.config import make_config
+from geolens.runs.runlock import LOCK_NAME, RunLock
+from geolens.runs.storage import RunDir, load_tensors, read_metrics
+from geolens.training import train as training
 
 SMALL = dict(p=23, frac_train=0.5, d_model=32, n_heads=4, d_head=8, d_mlp=64, lr=1e-3)
 
@@ -299,7 +299,7 @@ def test_a_manifest_step_that_is_not_an_integer_is_one_line(tmp_path, geolens):
 
 
 def test_a_full_disk_stops_the_run_in_one_line_and_it_resumes(tmp_path, geolens, monkeypatch):
-    from geolens import storage
+    from geolens.runs import storage
 
     out = tmp_path / "run"
     real = storage.atomic_write_bytes
@@ -341,7 +341,7 @@ def test_an_unwritable_folder_is_one_line(tmp_path, geolens, monkeypatch):
 
 
 def test_a_run_that_cannot_fit_in_memory_is_refused_before_anything_is_written(tmp_path, geolens, monkeypatch):
-    monkeypatch.setattr("geolens.resources.available_bytes", lambda device: 8 << 30)
+    monkeypatch.setattr("geolens.training.resources.available_bytes", lambda device: 8 << 30)
     r = geolens("train", "--out", tmp_path / "big", "--p", "997", "--quiet")
     assert r.returncode == 2 and "GiB of memory" in one_line_error(r.stderr) and "p = 997" in r.stderr
     assert not (tmp_path / "big").exists()
@@ -428,7 +428,7 @@ def test_a_checkpoint_replaced_while_it_is_read_is_read_whole(tmp_path, monkeypa
     # between the header and the data: it must get one version whole, never a mix
     from safetensors.torch import save_file
 
-    import geolens.storage as storage
+    import geolens.runs.storage as storage
 
     path = tmp_path / "resume.safetensors"
     save_file({"w": torch.zeros(3)}, str(path))

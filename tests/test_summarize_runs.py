@@ -5,8 +5,8 @@ import math
 from pathlib import Path
 
 from geolens import load_run
-from geolens import train as training
-from geolens.config import make_config
+from geolens.model.config import make_config
+from geolens.training import train as training
 
 PATH = Path(__file__).resolve().parent.parent / "analyses" / "summarize_runs.py"
 

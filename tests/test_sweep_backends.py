@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from geolens.cli import app
-from geolens.grid import make_grid
-from geolens.storage import load_tensors
-from geolens.sweep import run_sweep
+from geolens.runs.storage import load_tensors
+from geolens.sweeps.grid import make_grid
+from geolens.sweeps.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 # two stacks (fb and ln, 3 seeds each: a member alone would be stacked with a copy), ln longer; every
@@ -63,7 +63,7 @@ def test_reference_sweep(reference, capsys):
     record = json.loads((reference / "sweep.json").read_text())
     assert record["layout"] == "nested" and record["jobs"] == 2 and record["finished"]
     assert [(m["name"], m["status"]) for m in record["members"]] == [(n, "finished") for n in MEMBERS]
-    from geolens.run import load_run
+    from geolens.runs.run import load_run
 
     for name in MEMBERS:
         run = load_run(reference / name)
@@ -187,7 +187,7 @@ def test_killed_ray_driver_leaves_no_tasks_and_resumes(reference, ray_address, t
 def _ln_jobs_fail_in_process(monkeypatch):
     """Jobs run in this process (sweep.LocalBackend.run) and every ln job raises 'disk on fire';
     returns the real sweep.run_job."""
-    import geolens.sweep as sweep
+    import geolens.sweeps.sweep as sweep
 
     real = sweep.run_job
 
@@ -230,7 +230,7 @@ def test_a_failed_job_is_recorded_and_the_sweep_exits_non_zero(tmp_path, monkeyp
 
 def _in_process_run(self, jobs, handle):
     """LocalBackend.run without worker processes (so the test can patch run_job)."""
-    from geolens.sweep import execute
+    from geolens.sweeps.sweep import execute
 
     for job_id, job in enumerate(jobs):
         execute(job_id, job, handle)
@@ -239,7 +239,7 @@ def _in_process_run(self, jobs, handle):
 def test_sweeps_into_one_folder_keep_each_others_members_in_the_record(tmp_path, monkeypatch):
     # two sweeps share OUT (e.g. one per preset, or one per node): sweep.json keeps the members of both,
     # a failed member's error included, and the later sweep's own entries replace the earlier ones
-    import geolens.sweep as sweep
+    import geolens.sweeps.sweep as sweep
 
     out = tmp_path / "sw"
     small = dict(seeds="1", p="23", frac=0.5, epochs="20", eval_every=10)

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from geolens.cli import main
-from geolens.config import PAPER_FOURIER_FREQS, make_config
 from geolens.errors import GeoError
-from geolens.paper import TABLES, OneOf, paper_tables
-from geolens.run import load_run
-from geolens.runset import find_runs, group_runs
-from geolens.stats import bootstrap_ci, summarize, verdict
-from geolens.storage import source_commit
-from geolens.tables import Rule, build_tables
+from geolens.model.config import PAPER_FOURIER_FREQS, make_config
+from geolens.outputs.paper import TABLES, OneOf, paper_tables
+from geolens.outputs.stats import bootstrap_ci, summarize, verdict
+from geolens.outputs.tables import Rule, build_tables
+from geolens.runs.run import load_run
+from geolens.runs.runset import find_runs, group_runs
+from geolens.runs.storage import source_commit
 
 ADD = dict(task="add", p=113, eval_every=10)
 

@@ -5,9 +5,9 @@ import itertools
 import pytest
 import torch
 
-from geolens.config import GeoConfig, make_config
 from geolens.errors import GeoError
-from geolens.tasks import compose_table, make_dataset, permutations
+from geolens.model.config import GeoConfig, make_config
+from geolens.model.tasks import compose_table, make_dataset, permutations
 
 
 def test_paper_split_sizes_z113():

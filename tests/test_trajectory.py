@@ -10,15 +10,14 @@ from dataclasses import replace
 
 import pytest
 
-from geolens import train as training
-from geolens import trajectory
-from geolens.analysis import METRICS, eqforward
-from geolens.config import make_config
+from geolens.analysis import METRICS, eqforward, trajectory
+from geolens.analysis.run_analysis import load_run
+from geolens.analysis.trajectory import analyze_run
 from geolens.errors import GeoError
-from geolens.fast import fast_eq_forward
-from geolens.model import GeoTransformer
-from geolens.run_analysis import load_run
-from geolens.trajectory import analyze_run
+from geolens.model.config import make_config
+from geolens.model.fast import fast_eq_forward
+from geolens.model.transformer import GeoTransformer
+from geolens.training import train as training
 
 SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.6, lr=3e-3)
 
@@ -198,7 +197,7 @@ def test_python_probe(run_dir, monkeypatch):
 def test_checkpoints_added_by_training_during_an_analysis_are_left_for_the_next(run_dir, tmp_path, monkeypatch):
     """The manifest grows while a run trains: one analysis reads it once (a later entry used to
     raise KeyError)."""
-    from geolens.run import Run
+    from geolens.runs.run import Run
 
     full = load_run(run_dir).steps
     reads = []

@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from geolens.storage import atomic_write_bytes
+from geolens.runs.storage import atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BLOCK = re.compile(r"(<!-- table: (?P<path>[^|>]+?)(?: \| (?P<filter>[^>]*?))? -->\n)(?P<body>.*?)(?P<end><!-- /table -->)", re.S)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from geolens.storage import load_tensors
+from geolens.runs.storage import load_tensors
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESETS = ("fb", "sphere", "ln", "rms")

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from geolens import load_run
-from geolens.paper import paper_tables
+from geolens.outputs.paper import paper_tables
 
 METRICS = ["loss", "keyfreq_wl_fft", "fve_paper", "truncated_logit_acc", "clock_pizza", "grad_symmetricity",
            "distance_irrelevance"]

@@ -1,8 +1,11 @@
-"""Mechanistic-interpretability metrics of one checkpoint (definitions: docs/metrics.md).
+"""Mechanistic-interpretability metrics of one checkpoint and of whole trajectories (definitions: docs/metrics.md).
 
-Modules, one per family: fourier (bases, discrete log, the cyclic frame), keyfreq, fve,
-progress_measures (Nanda's progress measures, truncated-logit accuracy), clockpizza, health, circuit,
-geometry; registry holds the metric set used by the trajectory layer and compute_metrics.
+Owns one module per metric family (fourier: bases, discrete log, the cyclic frame; keyfreq, fve,
+progress_measures: Nanda's progress measures and truncated-logit accuracy; clockpizza, health,
+circuit, geometry), the metric set (registry, AnalysisContext), metrics at every checkpoint
+(trajectory), the circuit at one step (probe), a Run with analyze and probe (run_analysis) and the
+shipped reference trajectories (shipped). May import geolens.errors, geolens.model, geolens.runs
+(reading runs); never training, sweeps or outputs.
 """
 
 from geolens.analysis.registry import METRICS, AnalysisContext, MetricSpec, compute_metrics, metric_versions

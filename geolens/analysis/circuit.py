@@ -16,7 +16,7 @@ by the scale and multiplies by w; RMSNorm divides and multiplies by w; the spher
 embedding path is taken after the first norm (embed_norm is not linearised: the tokens a and b
 reach `=` only through attention, so the `=` embedding is constant anyway). The same
 linearisation, with embed_norm frozen too and every position, layer, head and neuron, is
-geolens.decompose (model.run_with_cache's cache.decompose_resid / get_full_resid_decomposition).
+geolens.model.decompose (model.run_with_cache's cache.decompose_resid / get_full_resid_decomposition).
 
 Each component is scored by (score of the correct class) - (mean score of the other classes).
 Raw readouts score in logit units. Bounded readouts score in the **normalised space**:
@@ -34,9 +34,9 @@ from torch import Tensor
 from geolens.analysis.eqforward import EqActivations
 from geolens.analysis.fourier import cos_index, fourier_basis, sin_index
 from geolens.analysis.threads import single_thread
-from geolens.config import GeoConfig
-from geolens.decompose import norm_linear, norm_offset, pull_back
-from geolens.readout import unit_columns
+from geolens.model.config import GeoConfig
+from geolens.model.decompose import norm_linear, norm_offset, pull_back
+from geolens.model.readout import unit_columns
 
 
 # ---- direct logit attribution --------------------------------------------------------------------
@@ -89,8 +89,8 @@ def direct_logit_attribution(
     eqforward.eq_from_cache of a run_with_cache); labels: [N] correct classes.
 
     Instead of pushing every component forward through the norms, the score direction (correct
-    column minus mean of the others) is pulled back through each norm (geolens.decompose.pull_back,
-    shared with the full residual decompositions of geolens.decompose) and every component is
+    column minus mean of the others) is pulled back through each norm (geolens.model.decompose.pull_back,
+    shared with the full residual decompositions of geolens.model.decompose) and every component is
     dotted with the direction valid where it enters the residual stream; the two are equal
     because each frozen norm is linear. A frozen norm is a fixed linear map divided by the
     input's scale, so the direction for input n is f[n] * G[:, labels[n]]: one [d_model, C] table

@@ -17,10 +17,10 @@ from torch import Tensor
 
 from geolens.analysis import circuit, clockpizza, fourier, keyfreq, progress_measures
 from geolens.analysis.eqforward import EqActivations, eq_forward_tables, eq_from_cache
-from geolens.config import GeoConfig
 from geolens.errors import GeoError
-from geolens.fast import fast_logits, fast_unsupported_reason
-from geolens.tasks import Dataset
+from geolens.model.config import GeoConfig
+from geolens.model.fast import fast_logits, fast_unsupported_reason
+from geolens.model.tasks import Dataset
 
 N_KEYS = 5
 
@@ -103,7 +103,7 @@ class AnalysisContext:
         return last_position_forward(self.model, self.cfg)(tokens)
 
     def grad_forward(self, tokens: Tensor, rows: Tensor | None = None) -> Tensor:
-        """Logits [B, C] of tokens [B, 3] for gradients: geolens.fast.fast_logits (exact up to float
+        """Logits [B, C] of tokens [B, 3] for gradients: geolens.model.fast.fast_logits (exact up to float
         rounding, ~1e-6 relative) when the config supports it, else the narrowed forward.
         rows [B]: tokens == dataset.tokens[rows], so the fast path reuses the forward of `eq`."""
         if fast_unsupported_reason(self.cfg) is None:

@@ -15,8 +15,8 @@ Two routes give the same values up to float32 summation order
 (tests/test_analysis_speed_paths.py):
 - eq_from_cache: read them off any ActivationCache of the hooked model (the reference route;
   used for models the table route does not cover);
-- eq_forward_tables, for one-layer [a, b, =] models (geolens.fast.fast_unsupported_reason(cfg)
-  is None): geolens.fast.fast_eq_forward computes the whole `=` forward (the residual stream
+- eq_forward_tables, for one-layer [a, b, =] models (geolens.model.fast.fast_unsupported_reason(cfg)
+  is None): geolens.model.fast.fast_eq_forward computes the whole `=` forward (the residual stream
   before attention depends only on (token, position), so the training fast path's per-token
   tables give the `=` query's attention and, through embedding bags, the residual after attention
   and the MLP pre-activations; only the MLP output and the readout are per-input matmuls); this
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from geolens.config import GeoConfig
-from geolens.fast import FastEq, fast_eq_forward
+from geolens.model.config import GeoConfig
+from geolens.model.fast import FastEq, fast_eq_forward
 
 
 @dataclass
@@ -40,7 +40,7 @@ class EqActivations:
 
     projected: every sphere-projection output the forward computed, flattened to [rows, d_model]
     (all positions where they were computed; empty unless cfg.norm == 'sphere').
-    fast: the geolens.fast.FastEq behind the values (table route only), which lets gradients
+    fast: the geolens.model.fast.FastEq behind the values (table route only), which lets gradients
     on a subset of the inputs reuse this forward (fast_logits(reuse=...)).
     """
 
@@ -109,7 +109,7 @@ _FAST_HOOKS = {
 
 
 def eq_forward_tables(model, cfg: GeoConfig, tokens: Int[Tensor, "N 3"]) -> EqActivations:
-    """EqActivations of a one-layer model over tokens [N, 3] (no grad): geolens.fast.fast_eq_forward's
+    """EqActivations of a one-layer model over tokens [N, 3] (no grad): geolens.model.fast.fast_eq_forward's
     values (the training path's tables and embedding bags) under their hook names."""
     fast = fast_eq_forward(model, tokens)
     f = fast.values

@@ -23,8 +23,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from torch.nn.functional import embedding_bag
 
-from geolens.config import GeoConfig
 from geolens.errors import GeoError
+from geolens.model.config import GeoConfig
 
 
 # ---- the basis -------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from geolens.analysis.eqforward import EqActivations, residual_hooks
 from geolens.analysis.threads import single_thread
-from geolens.config import GeoConfig
+from geolens.model.config import GeoConfig
 
 
 def singular_values(M: Float[Tensor, "m n"]) -> Float[Tensor, "r"]:

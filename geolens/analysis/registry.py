@@ -27,9 +27,9 @@ from torch import Tensor
 from geolens.analysis import circuit, clockpizza, fve, geometry, health, keyfreq, progress_measures
 from geolens.analysis.context import AnalysisContext
 from geolens.analysis.threads import torch_threads
-from geolens.config import GeoConfig
 from geolens.errors import GeoError
-from geolens.tasks import Dataset
+from geolens.model.config import GeoConfig
+from geolens.model.tasks import Dataset
 
 
 # ---- applicability -----------------------------------------------------------------------------

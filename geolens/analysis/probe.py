@@ -1,0 +1,129 @@
+"""Probe the circuit at one training step: key frequencies, FVE, Clock/Pizza verdict, top heads and
+neurons by direct logit attribution. Used by `geolens probe` and `geolens.load_run(...).probe`.
+
+One forward over every input serves it all: the checkpoint's AnalysisContext (its activations at
+`=` give the metrics and the attribution). The full ActivationCache (every hook, every position,
+for TransformerLens tooling) is one run_with_cache more, made on first access of Probe.cache.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from geolens.model.cache import GeoActivationCache
+from geolens.model.transformer import GeoTransformer
+
+if TYPE_CHECKING:
+    from geolens.analysis import AnalysisContext
+    from geolens.analysis.circuit import DLAResult
+
+
+@dataclass(repr=False)
+class Probe:
+    """The circuit at `step` (the checkpoint nearest the `requested` epoch).
+
+    context: the checkpoint's analysis.AnalysisContext (model, dataset, activations at `=`);
+    metrics / skipped: compute_metrics output on it; dla: circuit.DLAResult over every input;
+    cache (computed on first access): GeoActivationCache of the model over every input of the
+    task (a-major order).
+    """
+
+    requested: int
+    step: int
+    model: GeoTransformer
+    context: AnalysisContext
+    metrics: dict[str, dict[str, float]]
+    skipped: dict[str, str]
+    dla: DLAResult
+
+    @functools.cached_property
+    def cache(self) -> GeoActivationCache:
+        """run_with_cache of the model over every input (made once, on first access)."""
+        with torch.no_grad():
+            _, cache = self.model.run_with_cache(self.context.dataset.tokens)
+        return cache
+
+    def __repr__(self) -> str:
+        loss = self.metrics.get("loss", {})
+        asked = "" if self.step == self.requested else f" (requested {self.requested})"
+        heads = ", ".join(f"{n} {v:+.3f}" for n, v in self.top_heads())
+        return (f"Probe(epoch {self.step}{asked}: acc train {loss.get('acc_train', float('nan')):.4f} "
+                f"test {loss.get('acc_test', float('nan')):.4f}, key_freqs {self.key_freqs}, verdict {self.verdict!r}, "
+                f"top heads by DLA {heads})")
+
+    def _ranked(self, family: str, prefix: str) -> list[float]:
+        """Values of the metric columns prefix_1, prefix_2, ... of `family`, in rank order."""
+        vals = self.metrics.get(family, {})
+        ranks = sorted(int(k[len(prefix) + 1:]) for k in vals if k.startswith(prefix + "_") and k[len(prefix) + 1:].isdigit())
+        return [vals[f"{prefix}_{r}"] for r in ranks]
+
+    @property
+    def key_freqs(self) -> list[int]:
+        """Key frequencies by the paper's W_L FFT rule (keyfreq_wl_fft), strongest first."""
+        return [int(v) for v in self._ranked("keyfreq_wl_fft", "keyfreq_wl_fft") if v == v]
+
+    @property
+    def fve(self) -> dict[int, tuple[float, float]]:
+        """{key frequency: (FVE of U, FVE of V)} in percent (fve_paper), strongest key first."""
+        U = self._ranked("fve_paper", "fve_paper_U")
+        V = self._ranked("fve_paper", "fve_paper_V")
+        return {k: (float(U[r]), float(V[r])) for r, k in enumerate(self.key_freqs) if r < len(U) and r < len(V)}
+
+    @property
+    def verdict(self) -> str:
+        """Clock / Pizza verdict ('clock', 'pizza', 'mixed', 'unsolved'), or 'n/a (why)'."""
+        from geolens.analysis.clockpizza import VERDICT_CODES
+
+        code = self.metrics.get("clock_pizza", {}).get("clock_pizza")
+        if code is None:
+            return f"n/a ({self.skipped.get('clock_pizza', 'not computed')})"
+        return next(name for name, c in VERDICT_CODES.items() if c == code or (c != c and code != code))
+
+    def top_heads(self, k: int = 3) -> list[tuple[str, float]]:
+        """The k heads with the largest |mean DLA score|: [(name 'L{l}H{h}', mean score)]."""
+        heads = {n: v for n, v in self.dla.means().items() if n.startswith("L") and "H" in n}
+        return sorted(heads.items(), key=lambda kv: -abs(kv[1]))[:k]
+
+    def top_neurons(self, k: int = 10) -> list[tuple[int, float]]:
+        """The k neurons of the last MLP with the largest |mean DLA score|: [(index, mean score)]."""
+        vals, idx = self.dla.neurons.abs().topk(min(k, self.dla.neurons.numel()))
+        return [(int(i), float(self.dla.neurons[i])) for i in idx]
+
+
+def probe_run(run, step: int) -> Probe:
+    """Probe of `run` (a geolens.runs.run.Run) at its checkpoint nearest `step`: metrics and DLA from one
+    AnalysisContext (one forward over every input); the full cache on first access of .cache."""
+    from geolens.analysis import AnalysisContext, compute_metrics
+
+    nearest = run.nearest_step(step)
+    model = run.model_at(nearest)
+    ctx = AnalysisContext(model, run.config, run.dataset)
+    metrics, skipped = compute_metrics(context=ctx, num_threads=1)
+    return Probe(step, nearest, model, ctx, metrics, skipped, ctx.dla)
+
+
+def describe(probe: Probe) -> list[tuple[str, str]]:
+    """(label, text) lines for the CLI."""
+    m = probe.metrics
+    lines = [("checkpoint", f"epoch {probe.step}" + ("" if probe.step == probe.requested else
+                                                     f" (nearest checkpoint to requested epoch {probe.requested})"))]
+    loss = m.get("loss", {})
+    lines.append(("accuracy", f"train {loss.get('acc_train', float('nan')):.4f}, test {loss.get('acc_test', float('nan')):.4f}"))
+    if probe.key_freqs:
+        lines.append(("key frequencies (W_L FFT)", ", ".join(map(str, probe.key_freqs))))
+        per_key = [f"k={k}: U {u:.1f}%, V {v:.1f}%" for k, (u, v) in probe.fve.items()]
+        lines.append(("fve_paper", "; ".join(per_key) or probe.skipped.get("fve_paper", "n/a")))
+    else:
+        lines.append(("key frequencies", probe.skipped.get("keyfreq_wl_fft", "n/a")))
+    gs = m.get("grad_symmetricity", {}).get("grad_symmetricity")
+    di = m.get("distance_irrelevance", {}).get("distance_irrelevance")
+    detail = ", ".join(f"{n} {v:.3f}" for n, v in (("grad_symmetricity", gs), ("distance_irrelevance", di)) if v is not None)
+    lines.append(("clock / pizza", f"{probe.verdict}" + (f" ({detail})" if detail else "")))
+    lines.append((f"top heads by DLA [{probe.dla.units.split(':')[0]}]",
+                  ", ".join(f"{n} {v:+.3f}" for n, v in probe.top_heads())))
+    lines.append(("top neurons by DLA", ", ".join(f"#{i} {v:+.4f}" for i, v in probe.top_neurons())))
+    return lines

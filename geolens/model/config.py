@@ -1,0 +1,308 @@
+"""GeoConfig: one flat, JSON-serialisable description of a run (task, model topology, training).
+
+Presets (`ln`, `rms`, `none`, `sphere`, `fb`, `sphere_raw`, modifiers `+uniform`, `+fourier`, `+notebook`) are
+named bundles of field values; every field can be overridden afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from geolens.errors import GeoError
+
+NORMS = ("none", "layernorm", "rmsnorm", "sphere")
+UNEMBEDS = ("raw", "bounded")
+ATTENTIONS = ("learned", "uniform")
+INITS = ("paper", "notebook", "tl")
+TASKS = ("add", "sub", "mul", "perm")
+
+PAPER_FOURIER_FREQS = (14, 35, 41, 42, 52)
+
+
+@dataclass
+class GeoConfig:
+    """Everything that defines a run. Derived fields (d_vocab, d_vocab_out, n_ctx) follow the task."""
+
+    # task
+    task: str = "add"
+    p: int = 113
+    n_perm: int = 5  # S_n for task "perm"
+    frac_train: float = 0.3
+    data_seed: int = 0
+    # model (the paper's defaults)
+    n_layers: int = 1
+    d_model: int = 128
+    n_heads: int = 4
+    d_head: int = 32
+    d_mlp: int = 512
+    norm: str = "layernorm"
+    unembed: str = "raw"
+    tau: float = 10.0
+    attention: str = "learned"
+    causal: bool = False
+    fourier_init: list[int] = field(default_factory=list)
+    init: str = "paper"
+    ln_eps: float = 1e-5
+    rms_eps: float = 1e-8
+    sphere_eps: float = 1e-12
+    # training
+    seed: int = 0
+    lr: float = 6e-4
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 1.0
+    epochs: int = 5000
+    eval_every: int = 10
+    checkpoints: str = "adaptive"
+    early_stop_after: int | None = None
+    engine: str = "auto"  # auto | hooked | fast
+    device: str = "cpu"  # where training runs: cpu | cuda | cuda:N (analysis always runs on the CPU)
+    preset: str = ""  # the preset string this config was built from (informational)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ---- derived ----------------------------------------------------------------------------
+    @property
+    def n_classes(self) -> int:
+        """Number of output classes (d_vocab_out)."""
+        if self.task == "perm":
+            return _factorial(self.n_perm)
+        return self.p
+
+    @property
+    def d_vocab(self) -> int:
+        """Input vocabulary: the classes plus the `=` token (id n_classes)."""
+        return self.n_classes + 1
+
+    @property
+    def d_vocab_out(self) -> int:
+        return self.n_classes
+
+    @property
+    def task_label(self) -> str:
+        """The task in words: 'add p=113', 'perm S5'."""
+        return f"perm S{self.n_perm}" if self.task == "perm" else f"{self.task} p={self.p}"
+
+    @property
+    def n_ctx(self) -> int:
+        return 3
+
+    # HookedTransformerConfig attributes TransformerLens code reads (ActivationCache, patching,
+    # utils). The post-norm normalisations replace the residual stream, so TL's pre-norm
+    # rescaling does not apply: normalization_type is None (the norm is `norm`; geolens.model.cache
+    # gives the decompositions). `device` above is the training device.
+    attn_only = False
+    normalization_type = None
+    act_fn = "relu"
+    positional_embedding_type = "standard"
+    default_prepend_bos = False
+    tokenizer_prepends_bos = False
+    n_key_value_heads = None
+    n_devices = 1
+
+    # ---- checks -----------------------------------------------------------------------------
+    def validate(self) -> None:
+        self._check_types()
+        _choice("task", self.task, TASKS)
+        _choice("norm", self.norm, NORMS)
+        _choice("unembed", self.unembed, UNEMBEDS)
+        _choice("attention", self.attention, ATTENTIONS)
+        _choice("init", self.init, INITS)
+        _choice("engine", self.engine, ("auto", "hooked", "fast"))
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise GeoError(f"device = {self.device!r} is not a device; use cpu, cuda or cuda:N")
+        if self.task in ("add", "sub", "mul") and not _is_prime(self.p):
+            raise GeoError(f"p = {self.p} is not prime; task '{self.task}' needs a prime p (e.g. 113)")
+        if self.task in ("add", "sub", "mul") and self.p < 3:
+            raise GeoError(f"p = {self.p} is too small: with {self.p} classes there is nothing to learn and no Fourier "
+                           "frequency; use a prime p >= 3 (e.g. 113)")
+        if self.task == "perm" and not 2 <= self.n_perm <= 6:
+            raise GeoError(f"n_perm = {self.n_perm} is out of range; S_n composition supports 2 <= n <= 6")
+        if not 0.0 < self.frac_train < 1.0:
+            raise GeoError(f"frac_train = {self.frac_train} must lie strictly between 0 and 1")
+        n_train, n_test = self.split_sizes
+        if min(n_train, n_test) < 1:
+            empty = "training" if n_train < 1 else "test"
+            raise GeoError(f"frac_train = {self.frac_train} leaves the {empty} split empty ({n_train} train / {n_test} "
+                           f"test of {self.n_classes ** 2} pairs); choose --frac so that both splits hold examples")
+        _positive_finite("lr", self.lr)
+        _positive_finite("tau", self.tau)
+        for name in ("ln_eps", "rms_eps", "sphere_eps"):
+            _positive_finite(name, getattr(self, name))
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise GeoError(f"weight_decay = {self.weight_decay} must be a finite number >= 0 (e.g. --wd 1.0)")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise GeoError(f"{name} = {getattr(self, name)} must lie in [0, 1) (AdamW betas, e.g. 0.9, 0.999)")
+        if self.early_stop_after is not None and self.early_stop_after < 0:
+            raise GeoError(f"early_stop_after = {self.early_stop_after} must be >= 0 epochs (or none: no early stop)")
+        if self.n_layers < 1:
+            raise GeoError(f"n_layers = {self.n_layers} must be >= 1")
+        if self.n_heads * self.d_head <= 0 or self.d_model <= 0 or self.d_mlp <= 0:
+            raise GeoError("d_model, d_mlp, n_heads and d_head must be positive")
+        if self.epochs < 0 or self.eval_every < 1:
+            raise GeoError("epochs must be >= 0 and eval_every >= 1")
+        if self.fourier_init:
+            if self.task == "perm":
+                raise GeoError("fourier_init applies to Z_p tasks only; drop '+fourier' for task perm")
+            bad = [k for k in self.fourier_init if not 1 <= k <= (self.p - 1) // 2]
+            if bad:
+                raise GeoError(f"fourier_init frequencies {bad} are outside 1..{(self.p - 1) // 2} for p = {self.p}")
+            if 2 * len(self.fourier_init) > self.d_model:
+                raise GeoError(f"fourier_init needs 2 * {len(self.fourier_init)} <= d_model = {self.d_model}")
+        from geolens.model.schedule import parse_schedule
+
+        parse_schedule(self.checkpoints)
+
+    def _check_types(self) -> None:
+        """Every field has its declared type (a hand-edited run.json may hold "p": "23"); ints are
+        accepted for float fields and stored as floats."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float" and type(value) is int:
+                setattr(self, f.name, float(value))
+                continue
+            if not _TYPE_CHECKS[f.type](value):
+                raise GeoError(f"config field '{f.name}' = {value!r} is a {type(value).__name__}, not {f.type}; "
+                               f"fix it (e.g. --set {f.name}=...) or restore the run's run.json")
+
+    @property
+    def split_sizes(self) -> tuple[int, int]:
+        """(n_train, n_test) of the task's split (tasks.make_dataset)."""
+        n = self.n_classes**2
+        n_train = int(n * self.frac_train)
+        return n_train, n - n_train
+
+    # ---- (de)serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "GeoConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise GeoError(f"unknown config field(s) {unknown}; known fields: {sorted(names)}")
+        return cls(**d)
+
+    def replace(self, **overrides: Any) -> "GeoConfig":
+        return GeoConfig.from_dict({**self.to_dict(), **overrides})
+
+
+# ---- presets -------------------------------------------------------------------------------
+PRESETS: dict[str, dict[str, Any]] = {
+    "ln": dict(norm="layernorm", unembed="raw", weight_decay=1.0),
+    "rms": dict(norm="rmsnorm", unembed="raw", weight_decay=1.0),
+    "none": dict(norm="none", unembed="raw", weight_decay=1.0),
+    "sphere": dict(norm="sphere", unembed="bounded", weight_decay=1.0),
+    "fb": dict(norm="sphere", unembed="bounded", weight_decay=0.0),
+    "sphere_raw": dict(norm="sphere", unembed="raw", weight_decay=1.0),
+}
+MODIFIERS: dict[str, dict[str, Any]] = {
+    "uniform": dict(attention="uniform"),
+    "fourier": dict(fourier_init=list(PAPER_FOURIER_FREQS)),
+    "notebook": dict(init="notebook"),
+}
+
+
+def preset_fields(preset: str) -> dict[str, Any]:
+    """Field values of a preset string such as 'fb+uniform+fourier'."""
+    base, *mods = preset.split("+")
+    if base not in PRESETS:
+        raise GeoError(f"unknown preset '{base}'; choose one of {', '.join(PRESETS)} (modifiers: +uniform, +fourier, +notebook)")
+    fields = dict(PRESETS[base])
+    for m in mods:
+        if m not in MODIFIERS:
+            raise GeoError(f"unknown preset modifier '+{m}'; choose from +uniform, +fourier, +notebook")
+        fields.update(MODIFIERS[m])
+    fields["preset"] = preset
+    return fields
+
+
+def make_config(preset: str = "fb", **overrides: Any) -> GeoConfig:
+    """Config from a preset plus field overrides: `make_config('ln', p=59, lr=1e-3)`."""
+    return GeoConfig.from_dict({**preset_fields(preset), **overrides})
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse a CLI override 'key=value' into (key, typed value) using the field's type."""
+    if "=" not in text:
+        raise GeoError(f"override '{text}' is not of the form key=value (e.g. --set d_mlp=256)")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    fields = {f.name: f for f in dataclasses.fields(GeoConfig)}
+    if key not in fields:
+        raise GeoError(f"unknown config field '{key}'; known fields: {', '.join(sorted(fields))}")
+    default = GeoConfig().to_dict()[key]
+    try:
+        if key == "fourier_init":
+            value: Any = [int(x) for x in raw.replace("[", "").replace("]", "").split(",") if x.strip()]
+        elif key == "early_stop_after":
+            value = None if raw.lower() in ("none", "") else int(raw)
+        elif isinstance(default, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(raw)
+            value = raw.lower() in ("true", "1")
+        elif isinstance(default, int):
+            value = int(raw)
+        elif isinstance(default, float):
+            value = float(raw)
+        else:
+            value = raw
+    except ValueError:
+        raise GeoError(f"override '{text}': '{raw}' is not a valid {type(default).__name__} for '{key}'") from None
+    return key, value
+
+
+_TYPE_CHECKS = {
+    "str": lambda v: isinstance(v, str),
+    "int": lambda v: type(v) is int,
+    "float": lambda v: type(v) is float,
+    "bool": lambda v: type(v) is bool,
+    "list[int]": lambda v: isinstance(v, list) and all(type(x) is int for x in v),
+    "int | None": lambda v: v is None or type(v) is int,
+}
+
+
+def training_warnings(cfg: GeoConfig) -> list[str]:
+    """Settings that train but are probably not what was meant (each a one-line warning)."""
+    out = []
+    n_train, n_test = cfg.split_sizes
+    for name, n in (("training", n_train), ("test", n_test)):
+        if n < SMALL_SPLIT:
+            out.append(f"the {name} split has only {n} example(s), so its accuracy moves in steps of "
+                       f"{1 / n:.2g}; choose --frac so that both splits hold at least {SMALL_SPLIT}")
+    return out
+
+
+SMALL_SPLIT = 10
+
+
+def _positive_finite(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise GeoError(f"{name} = {value} must be a finite number > 0")
+
+
+def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise GeoError(f"{name} = '{value}' is not valid; choose one of {', '.join(options)}")
+
+
+def _is_prime(n: int) -> bool:
+    return n >= 2 and all(n % d for d in range(2, int(n**0.5) + 1))
+
+
+def _factorial(n: int) -> int:
+    out = 1
+    for i in range(2, n + 1):
+        out *= i
+    return out

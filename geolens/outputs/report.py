@@ -1,0 +1,171 @@
+"""The analysis report of a run: figure specs from a Trajectory, one self-contained HTML page
+(plotly, JavaScript inlined once) and static PNG/SVG copies of every figure."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import torch
+
+from geolens.analysis.trajectory import Trajectory, writing
+from geolens.outputs.plots import FigureSpec, Heatmap, Line, Panel, Region, VLine, html_page, save_static
+from geolens.runs.storage import atomic_write_bytes
+
+
+def onset_markers(run) -> list[VLine]:
+    ev = run.events
+    out = []
+    if ev.get("onset_095") is not None:
+        out.append(VLine(ev["onset_095"], f"test acc > 0.95 @ {ev['onset_095']}", "#2ca02c"))
+    if ev.get("sustained_099") is not None:
+        out.append(VLine(ev["sustained_099"], f"stays >= 0.99 from {ev['sustained_099']}", "#9467bd"))
+    return out
+
+
+def fig_training(traj: Trajectory) -> FigureSpec:
+    rows = traj.run.metrics
+    e = [r["epoch"] for r in rows]
+    marks = onset_markers(traj.run)
+    loss = Panel("loss", [Line(e, [r["train_loss"] for r in rows], "train"), Line(e, [r["test_loss"] for r in rows], "test"),
+                          *marks], "epoch", "cross-entropy", logy=True)
+    acc = Panel("accuracy", [Line(e, [r["train_acc"] for r in rows], "train"), Line(e, [r["test_acc"] for r in rows], "test"),
+                             *marks], "epoch", "accuracy")
+    return FigureSpec("training", "Loss and accuracy", [loss, acc])
+
+
+def fig_spectrum(traj: Trajectory) -> FigureSpec | None:
+    """Frequency x step heatmap of the W_L spectrum (each step scaled to its maximum)."""
+    steps = [s for s in traj.steps if "wl_spectrum" in traj.values[s]]
+    if not steps:
+        return None
+    first = traj.values[steps[0]]["wl_spectrum"]
+    freqs = sorted(int(k.rsplit("_", 1)[1]) for k in first)
+    z = torch.tensor([[traj.values[s]["wl_spectrum"][f"wl_spectrum_{k}"] for s in steps] for k in freqs])
+    z = (z / z.amax(0, keepdim=True).clamp_min(1e-30)).tolist()
+    panel = Panel("||FFT(W_L)|| per frequency (column-normalised)", [Heatmap(z, steps, freqs)], "checkpoint epoch", "frequency k")
+    return FigureSpec("spectrum", "Key-frequency spectrum over training", [panel], cols=1)
+
+
+def fig_progress(traj: Trajectory) -> FigureSpec:
+    marks = onset_markers(traj.run)
+
+    def line(metric, name=None, label=None, **kw):
+        x, y = traj.series(metric, name)
+        return Line(x, y, label or name or metric, mode="lines+markers", **kw)
+
+    panels = [
+        Panel("FVE (paper), best key", [line("fve_paper", "fve_paper_U_max", "U"), line("fve_paper", "fve_paper_V_max", "V"), *marks],
+              "epoch", "percent"),
+        Panel("restricted / excluded loss", [line("restricted_loss", "restricted_loss", "restricted (test)"),
+                                             line("excluded_loss", "excluded_loss", "excluded (train)"), *marks],
+              "epoch", "cross-entropy", logy=True),
+        Panel("weight norm", [line("weight_norm"), *marks], "epoch", "||theta||_2"),
+        Panel("numerical health", [line("softmax_collapse"), line("zero_loss_fraction"), *marks], "epoch", "fraction of train"),
+    ]
+    panels = [p for p in panels if any(isinstance(t, Line) and t.x for t in p.traces)]
+    return FigureSpec("progress", "Progress measures over training", panels)
+
+
+def clock_pizza_regions(y: list[float]) -> list[Region]:
+    """The pizza and clock regions of the (distance irrelevance, gradient symmetricity) plane, tall
+    enough for the symmetricities y."""
+    from geolens.analysis.clockpizza import DIST_IRR_CLOCK_MIN, GRAD_SYM_PIZZA_MIN
+
+    g, d = GRAD_SYM_PIZZA_MIN, DIST_IRR_CLOCK_MIN
+    lo, hi = min(-0.1, *y), 1.05
+    return [Region([0, d, d, 0], [g, g, hi, hi], f"pizza (sym >= {g}, dist < {d})", "#d62728"),
+            Region([d, 1.05, 1.05, d], [lo, lo, g, g], f"clock (sym < {g}, dist >= {d})", "#1f77b4")]
+
+
+def fig_clock_pizza(traj: Trajectory) -> FigureSpec | None:
+    steps = [s for s in traj.steps if "grad_symmetricity" in traj.values[s] and "distance_irrelevance" in traj.values[s]]
+    if not steps:
+        return None
+    x = [traj.values[s]["distance_irrelevance"]["distance_irrelevance"] for s in steps]
+    y = [traj.values[s]["grad_symmetricity"]["grad_symmetricity"] for s in steps]
+    panel = Panel("gradient symmetricity vs distance irrelevance", [
+        *clock_pizza_regions(y),
+        Line(x, y, "trajectory", mode="lines+markers", color="#333333", text=[f"epoch {s}" for s in steps]),
+        Line(x[-1:], y[-1:], f"final (epoch {steps[-1]})", mode="markers", color="#ff7f0e"),
+    ], "distance irrelevance", "gradient symmetricity")
+    return FigureSpec("clock_pizza", "Clock vs Pizza over training", [panel], cols=1)
+
+
+def report_steps(traj: Trajectory, at: list[int] | None) -> list[int]:
+    """Steps shown in the per-step figures: `at` (nearest checkpoints), else onset and final."""
+    run = traj.run
+    if at:
+        return sorted({run.nearest_step(s) for s in at})
+    onset = run.events.get("onset_095")
+    return sorted({run.nearest_step(onset), run.steps[-1]} if onset is not None else {run.steps[-1]})
+
+
+def step_contexts(traj: Trajectory, steps: list[int]) -> dict:
+    """{step: AnalysisContext} of the per-step figures: one forward per checkpoint serves them all."""
+    from geolens.analysis import AnalysisContext
+
+    run = traj.run
+    return {step: AnalysisContext(run.model_at(step), run.config, run.dataset) for step in steps}
+
+
+def fig_circles(traj: Trajectory, contexts: dict) -> FigureSpec | None:
+    from geolens.analysis.circuit import embedding_circles
+
+    if traj.run.config.task == "perm":
+        return None
+    panels = []
+    for step, ctx in contexts.items():
+        for c in embedding_circles(ctx.W_E_group, ctx.key_freqs):
+            xs, ys = c.coords[:, 0].tolist(), c.coords[:, 1].tolist()
+            panels.append(Panel(f"epoch {step}: k = {c.freq} (share {c.share:.2f})",
+                                [Line(xs, ys, "", mode="markers", text=[f"token {t}" for t in ctx.frame.order.tolist()])],
+                                "cos k", "sin k", equal_axes=True))
+    return FigureSpec("embedding_circles", "Token embeddings on each key frequency's cos/sin plane", panels, cols=5)
+
+
+def fig_attention(traj: Trajectory, contexts: dict) -> FigureSpec:
+    """Per step and layer a [heads x 3] heatmap: the mean attention of the `=` query onto (a, b, =)."""
+    from geolens.analysis.circuit import attention_from_eq
+
+    panels = []
+    for step, ctx in contexts.items():
+        for layer in range(traj.run.config.n_layers):
+            mean, _ = attention_from_eq(ctx.eq, layer)  # [heads, 3]
+            panels.append(Panel(f"epoch {step}, layer {layer}: attention of '='", [
+                Heatmap(mean.tolist(), ["a", "b", "="], [f"H{h}" for h in range(mean.shape[0])], "Blues")], "key", "head"))
+    return FigureSpec("attention", "Mean attention of the '=' query onto (a, b, =)", panels, cols=min(3, len(panels)))
+
+
+def build_figures(traj: Trajectory, at: list[int] | None = None) -> list[FigureSpec]:
+    contexts = step_contexts(traj, report_steps(traj, at))
+    specs = [fig_training(traj), fig_spectrum(traj), fig_progress(traj), fig_clock_pizza(traj),
+             fig_circles(traj, contexts), fig_attention(traj, contexts)]
+    return [s for s in specs if s is not None and s.panels]
+
+
+def write_report(traj: Trajectory, at: list[int] | None = None, static: tuple[str, ...] = ("png", "svg")) -> Path:
+    """Write report.html and figures/<name>.<fmt> into the trajectory's analysis folder (figure files of
+    an earlier report that this one does not draw are removed); returns the HTML path."""
+    run = traj.run
+    out = traj.out
+    specs = build_figures(traj, at)
+    with writing(out):
+        written = set()
+        for spec in specs if static else []:
+            written.update(save_static(spec, out / "figures", static))
+        for stale in (out / "figures").glob("*.*") if (out / "figures").is_dir() else []:
+            if stale not in written and stale.is_file():
+                stale.unlink()
+    summary = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
+                      for k, v in run.summary().items() if v is not None)
+    skipped = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in traj.skipped.items())
+    intro = f"""<table>{summary}</table>
+<p>{len(traj.steps)} checkpoints analysed; metric table: <code>metrics.csv</code> beside this page (step, metric, name, value);
+definitions: docs/metrics.md.</p>
+{f"<p>Skipped metrics:</p><ul>{skipped}</ul>" if skipped else ""}"""
+    page = html_page(f"geolens report: {run.path}", specs, intro)
+    path = out / "report.html"
+    with writing(out):
+        atomic_write_bytes(path, page.encode())
+    return path

@@ -1,0 +1,154 @@
+"""`Run`: a trained run directory as a Python object (config, metrics, steps, models, dataset).
+
+This layer reads runs and knows nothing of the analysis: geolens.analysis.trajectory and geolens.analysis.probe take
+a Run, and geolens.analysis.run_analysis (`geolens.load_run`) adds `run.analyze(...)` and `run.probe(step)`
+on top, so the imports go one way.
+"""
+
+from __future__ import annotations
+
+import operator
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from geolens.model.config import GeoConfig
+from geolens.errors import GeoError
+from geolens.model.transformer import GeoTransformer
+from geolens.runs.storage import RunDir, read_json, read_metrics
+from geolens.model.tasks import Dataset, make_dataset
+
+
+class Run:
+    """A run directory, read lazily. `steps` are the checkpointed epochs, ascending."""
+
+    def __init__(self, path: str | Path):
+        self.dir = RunDir(path)
+        self.header: dict[str, Any] = self.dir.read_header()
+        self.config = GeoConfig.from_dict(self.header["config"])
+
+    @property
+    def path(self) -> Path:
+        return self.dir.path
+
+    @cached_property
+    def metrics(self) -> list[dict[str, float]]:
+        """One dict per evaluation (columns: storage.METRIC_COLUMNS)."""
+        return read_metrics(self.dir.metrics_csv)
+
+    @property
+    def events(self) -> dict[str, Any]:
+        return read_json(self.dir.events_json) if self.dir.events_json.exists() else {}
+
+    @property
+    def manifest(self) -> list[dict[str, Any]]:
+        return self.dir.read_manifest()
+
+    @property
+    def steps(self) -> list[int]:
+        return [m["step"] for m in self.manifest]
+
+    @cached_property
+    def dataset(self) -> Dataset:
+        return make_dataset(self.config)
+
+    def nearest_step(self, step: int) -> int:
+        """The checkpointed epoch closest to `step` (ties go to the earlier one); `step` must be an integer
+        epoch between the first and the last checkpoint."""
+        try:
+            step = operator.index(step)
+        except TypeError:
+            raise GeoError(f"step {step!r} is not an integer epoch; pass e.g. 800") from None
+        steps = self.steps
+        if not steps:
+            raise GeoError(f"{self.path} has no checkpoints yet ({self.dir.manifest_json} is empty or missing)")
+        if not steps[0] <= step <= steps[-1]:
+            raise GeoError(f"epoch {step} is outside the trajectory of {self.path} (checkpoints from epoch {steps[0]} "
+                           f"to {steps[-1]}); choose an epoch in that range")
+        return min(steps, key=lambda s: (abs(s - step), s))
+
+    def model_at(self, step: int) -> GeoTransformer:
+        """The model at checkpointed epoch `step` (use nearest_step for any other epoch)."""
+        if step not in self.steps:
+            raise GeoError(
+                f"{self.path} has no checkpoint at epoch {step}; the nearest is {self.nearest_step(step)} "
+                "(see run.steps)"
+            )
+        model = GeoTransformer(self.config)
+        state = self.dir.load_checkpoint(step)
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as e:
+            raise GeoError(f"checkpoint {self.dir.ckpt_path(step)} does not match the run's config: {e}") from None
+        return model.eval()
+
+    def summary(self) -> dict[str, Any]:
+        """What `geolens info` prints."""
+        rows = self._readable(lambda: self.metrics) or []
+        steps = self._readable(lambda: self.steps)
+        events = self._readable(lambda: self.events) or {}
+        last = rows[-1] if rows else {}
+        timing = self.header.get("timing", {})
+        return {
+            "path": str(self.path),
+            "preset": self.config.preset,
+            "task": self.config.task,
+            "p": self.config.p if self.config.task != "perm" else None,
+            "n_perm": self.config.n_perm if self.config.task == "perm" else None,
+            "seed": self.config.seed,
+            "data_seed": self.config.data_seed,
+            "lr": self.config.lr,
+            "weight_decay": self.config.weight_decay,
+            "status": self.header.get("status"),
+            "engine": self.header.get("engine"),
+            "split": f"{self.header.get('n_train')} train / {self.header.get('n_test')} test",
+            "last_epoch": last.get("epoch"),
+            "train_acc": last.get("train_acc"),
+            "test_acc": last.get("test_acc"),
+            "test_loss": last.get("test_loss"),
+            "onset_095": events.get("onset_095"),
+            "sustained_099": events.get("sustained_099"),
+            "stop_reason": events.get("stop_reason"),
+            "checkpoints": "unreadable manifest" if steps is None else len(steps),
+            "trimmed": self._trimmed_text(),
+            "trained_by": self._segments_text(),
+            "ms_per_epoch": round(timing["ms_per_epoch"], 2) if "ms_per_epoch" in timing else None,
+        }
+
+    def _segments_text(self) -> str | None:
+        """Who trained which epochs (run.json segments), one line per training start: the geolens
+        version and commit, and the machine where recorded (another machine trains in another float order)."""
+        lines = []
+        for seg in self.header.get("segments", []):
+            commit = seg.get("geolens_commit")
+            dirty = "+dirty" if commit and commit.endswith("+dirty") else ""
+            made = "(commit not recorded)" if commit is None else commit[:7] + dirty
+            text = f"from epoch {seg.get('from_epoch')}: geolens {seg.get('geolens')} {made}"
+            machine = seg.get("machine")
+            if isinstance(machine, dict):
+                gpu = f", {machine['gpu']}" if "gpu" in machine else ""
+                threads = f"{machine.get('torch_threads')} thread(s)"
+                text += f" on {machine.get('cpu')} ({machine.get('cpu_capability')}, {threads}{gpu})"
+            lines.append(text)
+        return "\n".join(lines) or None
+
+    def _trimmed_text(self) -> str | None:
+        """For a trimmed copy (`geolens export`): how many of its source's checkpoints it keeps."""
+        t = self.header.get("trimmed")
+        if not isinstance(t, dict):
+            return None
+        return (f"{t.get('checkpoints')} of {t.get('source_checkpoints')} checkpoints of {t.get('source')} "
+                f"(exported {t.get('date')}; no resume state: analysis only)")
+
+    @staticmethod
+    def _readable(read):
+        """read() or None when the file it reads is missing or damaged (the summary shows what it can)."""
+        try:
+            return read()
+        except GeoError:
+            return None
+
+
+def load_run(path: str | Path) -> Run:
+    """Open a run directory written by `geolens train` (data only; geolens.load_run adds analyze and probe)."""
+    return Run(path)
