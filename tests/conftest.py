@@ -74,7 +74,7 @@ def tiny_sweep(tmp_path_factory):
 def _write_run(path, cfg, test_acc: dict[int, float], status: str = "finished", train_acc: float = 1.0) -> None:
     """A run directory without checkpoints whose metrics.csv has test accuracy test_acc[epoch] at
     each evaluated epoch (so its onsets are known), written with the storage helpers."""
-    from geolens.training.recording import onset_events
+    from geolens.runs.events import onset_events
 
     run = RunDir(path)
     run.path.mkdir(parents=True, exist_ok=True)

@@ -6,9 +6,9 @@ import torch
 from geolens.cli import app
 from geolens.errors import GeoError
 from geolens.model.config import make_config
+from geolens.runs import events
 from geolens.runs.run import load_run
 from geolens.runs.storage import load_tensors
-from geolens.training import recording
 from geolens.training import train as training
 from geolens.training.batched import check_members, train_batched
 
@@ -91,7 +91,7 @@ def test_member_dirs_load_and_resume(tmp_path):
 def test_early_stop_is_per_member(tmp_path, monkeypatch):
     # with the "sustained" threshold at 0 every member is sustained from epoch 0, so each stops
     # after its own early_stop_after while the batch runs on for the others
-    monkeypatch.setattr(recording, "SUSTAINED_ACC", 0.0)
+    monkeypatch.setattr(events, "SUSTAINED_ACC", 0.0)
     base = make_config("ln", **{**TINY, "lr": 3e-3, "epochs": 40})
     cfgs = [base.replace(seed=s, data_seed=s, early_stop_after=n) for s, n in ((1, 10), (2, 25), (3, None))]
     results = train_batched(cfgs, [tmp_path / f"m{c.seed}" for c in cfgs], progress=False)
@@ -108,7 +108,7 @@ def test_finished_members_leave_the_stack_and_the_others_do_not_change(tmp_path,
     # with a copy of itself (min_stack=2), so leaving the stack changes nobody's numbers
     from geolens.training import batched
 
-    monkeypatch.setattr(recording, "SUSTAINED_ACC", 0.0)
+    monkeypatch.setattr(events, "SUSTAINED_ACC", 0.0)
     base = make_config("fb", **{**TINY, "lr": 3e-3, "epochs": 40})
     cfgs = [base.replace(seed=s, data_seed=s, early_stop_after=n) for s, n in ((1, 10), (2, 25), (3, None))]
     sizes = []

@@ -12,11 +12,12 @@ from geolens.errors import GeoError
 from geolens.model.config import make_config
 from geolens.model.schedule import parse_schedule
 from geolens.runs import storage
+from geolens.runs.events import onset_events
 from geolens.runs.run import load_run
 from geolens.runs.storage import load_tensors, read_metrics
 from geolens.training import train as training
 from geolens.training.batched import train_batched
-from geolens.training.recording import onset_events, run_header
+from geolens.training.recording import run_header
 
 TINY = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, lr=1e-3)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from geolens.errors import GeoError
+from geolens.runs.events import finish_events
 from geolens.runs.storage import (
     CorruptTensors,
     RunDir,
@@ -156,8 +157,6 @@ def rebuilt_manifest(run: RunDir, s: Survey) -> list[dict]:
 def repair(run: RunDir) -> list[str]:
     """Make the run directory consistent where that is exact; returns what was done (one line each).
     Raises GeoError naming what cannot be repaired."""
-    from geolens.training.recording import finish_events
-
     s = survey(run)
     if not s.problems:
         return []

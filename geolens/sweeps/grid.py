@@ -270,8 +270,8 @@ def expand(grid: Grid, out: Path, layout: str) -> list[Member]:
 def inspect_member(member: Member, force: bool = False) -> None:
     """Set member.state/start from its folder (module docstring); a GeoError for a folder that holds
     something else. force: every existing member run is restarted."""
+    from geolens.runs.events import early_stop_due, onset_events
     from geolens.runs.storage import RunDir, load_tensors, read_metrics
-    from geolens.training.recording import early_stop_due, onset_events
 
     run = RunDir(member.path)
     if not run.exists():

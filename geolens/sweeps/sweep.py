@@ -83,8 +83,9 @@ def finish_member(path: Path) -> None:
 
 def _finish(run: RunDir) -> None:
     from geolens.model.config import GeoConfig
+    from geolens.runs.events import early_stop_due, onset_events
     from geolens.runs.storage import BackgroundWriter, load_tensors, write_metrics
-    from geolens.training.recording import early_stop_due, finish_run, onset_events
+    from geolens.training.recording import finish_run
 
     header = run.read_header()
     cfg = GeoConfig.from_dict(header["config"])

@@ -1,12 +1,11 @@
 """A training run's records: what the loop writes into its run directory, and reads back to resume.
 
-Metrics rows (metrics_row, from the evaluation's statistics and squared_norms), onset events
-(onset_events, finish_events, early_stop_due), run.json's header (run_header), checkpoints with the
-resume state (write_checkpoint: snapshots now, writes queued on a storage.BackgroundWriter in an
-order that keeps the run directory consistent), the final records (finish_run), and the resume state
-read back into a model and its optimizer (from_resume_state). docs/run-format.md describes the files.
-Used by geolens.training.train and geolens.training.batched (both loops), geolens.sweeps.sweep and geolens.sweeps.grid (finishing and
-inspecting sweep members) and geolens.runs.integrity (repair).
+Metrics rows (metrics_row, from the evaluation's statistics and squared_norms), run.json's header
+(run_header), checkpoints with the resume state (write_checkpoint: snapshots now, writes queued on
+a storage.BackgroundWriter in an order that keeps the run directory consistent), the final records
+(finish_run), and the resume state read back into a model and its optimizer (from_resume_state).
+docs/run-format.md describes the files; onset events live in geolens.runs.events. Used by both
+loops (training.train, training.batched) and by sweeps (finishing members).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from torch import Tensor
 
 from geolens.model.config import GeoConfig
 from geolens.model.transformer import GeoTransformer
+from geolens.runs.events import finish_events
 from geolens.runs.runlock import NewRunClaim
 from geolens.runs.storage import (
     BackgroundWriter,
@@ -30,35 +30,6 @@ from geolens.runs.storage import (
     write_metrics,
 )
 from geolens.training.engine import make_optimizer
-
-ONSET_ACC = 0.95
-SUSTAINED_ACC = 0.99
-
-
-# ---- events ----------------------------------------------------------------------------------
-def onset_events(rows: list[dict]) -> dict[str, int | None]:
-    """onset_095: first evaluated epoch with test acc > 0.95; sustained_099: first epoch after which
-    every evaluation has test acc >= 0.99 (None if the last one is below)."""
-    onset = next((r["epoch"] for r in rows if r["test_acc"] > ONSET_ACC), None)
-    sustained = None
-    for r in rows:
-        if r["test_acc"] >= SUSTAINED_ACC:
-            sustained = r["epoch"] if sustained is None else sustained
-        else:
-            sustained = None
-    return {"onset_095": onset, "sustained_099": sustained}
-
-
-def early_stop_due(cfg: GeoConfig, epoch: int, events: dict) -> bool:
-    """Whether `epoch` is at least cfg.early_stop_after epochs past sustained_099."""
-    sustained = events["sustained_099"]
-    return cfg.early_stop_after is not None and sustained is not None and epoch - sustained >= cfg.early_stop_after
-
-
-def finish_events(rows: list[dict], stop_reason: str, eval_every: int, start: int = 0) -> dict:
-    """events.json of a finished run: onset_events of its metrics rows, how and where it ended."""
-    return {**onset_events(rows), "stop_reason": stop_reason, "final_epoch": rows[-1]["epoch"] if rows else start,
-            "eval_every": eval_every}
 
 
 # ---- run.json and metrics rows ---------------------------------------------------------------

@@ -26,6 +26,7 @@ from geolens.model.config import GeoConfig
 from geolens.model.schedule import parse_schedule
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
+from geolens.runs.events import early_stop_due, onset_events
 from geolens.runs.integrity import resume_point
 from geolens.runs.runlock import NewRunClaim, RunLock
 from geolens.runs.storage import BackgroundWriter, RunDir, atomic_write_json, load_tensors
@@ -39,12 +40,10 @@ from geolens.training.engine import (
 )
 from geolens.training.progress_bar import EpochProgress, run_stats
 from geolens.training.recording import (
-    early_stop_due,
     finish_run,
     from_resume_state,
     mark_started,
     metrics_row,
-    onset_events,
     optimizer_tensors,
     run_header,
     squared_norms,
