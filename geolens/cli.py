@@ -1,4 +1,4 @@
-"""The `geolens` command line: train, sweep, info, repair, export, analyze, probe, table, figures."""
+"""The `geolens` command line: train, fork, sweep, info, repair, export, analyze, probe, table, figures."""
 
 from __future__ import annotations
 
@@ -34,13 +34,24 @@ Frac = Annotated[Optional[float], typer.Option(help="Training fraction of all pa
 EvalEvery = Annotated[Optional[int], typer.Option(help="Evaluate every N epochs.")]
 Checkpoints = Annotated[Optional[str], typer.Option(help="every:N | log:K | adaptive[:MAXGAP] | ends.")]
 Sets = Annotated[list[str], typer.Option("--set", help="Override any config field: --set d_mlp=256 (repeatable).")]
+Schedules = Annotated[list[str], typer.Option("--schedule", help="lr, weight_decay or tau for a window of epochs: "
+                                              "weight_decay=3.0@2000:2200 (epochs [2000, 2200)); lr=warmup:500 "
+                                              "(repeatable; docs/cli.md).")]
 Quiet = Annotated[bool, typer.Option(help="No progress bar.")]
 
 
-def _overrides(sets: list[str], **named) -> dict:
-    """Config overrides from the named options that were given, then the --set ones."""
+def _overrides(sets: list[str], schedules: list[str] = (), **named) -> dict:
+    """Config overrides from the named options that were given, then the --set ones (a field set twice
+    is refused), then the --schedule entries (added to any `--set schedule=...`)."""
     out = {k: v for k, v in named.items() if v is not None}
-    out.update(dict(parse_override(text) for text in sets))
+    seen: set[str] = set()
+    for key, value in (parse_override(text) for text in sets):
+        if key in seen:
+            raise GeoError(f"--set {key} is given twice; give each field once")
+        seen.add(key)
+        out[key] = value
+    if schedules:
+        out["schedule"] = [*out.get("schedule", []), *schedules]
     return out
 
 
@@ -60,12 +71,13 @@ def train(
     checkpoints: Checkpoints = None,
     early_stop: Optional[int] = typer.Option(None, help="Stop N epochs after test accuracy stays >= 0.99."),
     set_: Sets = [],
+    schedule: Schedules = [],
     resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint."),
     force: bool = typer.Option(False, help="Replace an existing run in --out."),
     quiet: Quiet = False,
 ) -> None:
     """Train one run and write its run directory."""
-    overrides = _overrides(set_, task=task, p=p, seed=seed, data_seed=data_seed, lr=lr, weight_decay=wd, epochs=epochs,
+    overrides = _overrides(set_, schedule, task=task, p=p, seed=seed, data_seed=data_seed, lr=lr, weight_decay=wd, epochs=epochs,
                            frac_train=frac, eval_every=eval_every, checkpoints=checkpoints, early_stop_after=early_stop)
     if resume and force:
         raise GeoError("--resume and --force contradict each other; choose one")
@@ -135,6 +147,31 @@ def sweep(
         err.print(Text.assemble(("error:", "red"), f" {len(result.failed)} of {len(result.members)} members failed "
                                 f"(errors above and in {out / 'sweep.json'}); rerun the same command to retry them"))
         raise typer.Exit(1)
+
+
+@app.command()
+def fork(
+    run: Path = typer.Option(..., help="Parent run directory (only read)."),
+    step: int = typer.Option(..., help="Checkpointed epoch to fork at (its weights and AdamW state)."),
+    out: Path = typer.Option(..., help="New run directory for the fork (refused if it exists, unless --force)."),
+    epochs: Epochs = None,
+    set_: Sets = [],
+    schedule: Schedules = [],
+    force: bool = typer.Option(False, help="Replace an existing run in --out."),
+    quiet: Quiet = False,
+) -> None:
+    """Fork a run at a checkpoint into a new run with changed settings (optimizer, readout, attention, norm,
+    schedules, norm clamp) and train it on; with no change it continues exactly as the parent did."""
+    changes = _overrides(set_, epochs=epochs)
+    if schedule:  # added to the parent's schedule (or to a --set schedule=..., which replaces it)
+        from geolens.runs.storage import RunDir
+
+        base = changes["schedule"] if "schedule" in changes else RunDir(run).read_header()["config"]["schedule"]
+        changes["schedule"] = [*base, *schedule]
+    from geolens.training.fork import fork as fork_run
+
+    result = fork_run(run, step, out, changes, force=force, progress=not quiet)
+    _print_summary(result.path)
 
 
 DEMO = dict(preset="fb", task="add", p=113, lr=6e-4, seed=1, data_seed=1, epochs=3000, early_stop_after=300)
@@ -343,6 +380,7 @@ def _print_summary(path: Path, damage: list[str] = ()) -> None:
 EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED = 2, 1, 130, 143
 CONTINUE = {  # how an interrupted command continues from what it wrote
     "train": "continue from the last checkpoint with `geolens train --resume --out DIR`",
+    "fork": "continue the fork from its last checkpoint with `geolens train --resume --out OUT`",
     "sweep": "rerun the same sweep command: finished members are skipped, the others resume from their last checkpoint",
     "analyze": "rerun analyze: it computes only what is missing",
     "demo": "rerun demo: it continues the run from its last checkpoint",

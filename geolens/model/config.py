@@ -60,6 +60,8 @@ class GeoConfig:
     eval_every: int = 10
     checkpoints: str = "adaptive"
     early_stop_after: int | None = None
+    schedule: list[str] = field(default_factory=list)  # lr / weight_decay / tau schedules (model.hyperschedule)
+    norm_clamp: float | None = None  # hold the total parameter L2 norm at this value after every step
     engine: str = "auto"  # auto | hooked | fast
     device: str = "cpu"  # where training runs: cpu | cuda | cuda:N (analysis always runs on the CPU)
     preset: str = ""  # the preset string this config was built from (informational)
@@ -156,16 +158,21 @@ class GeoConfig:
                 raise GeoError(f"fourier_init frequencies {bad} are outside 1..{(self.p - 1) // 2} for p = {self.p}")
             if 2 * len(self.fourier_init) > self.d_model:
                 raise GeoError(f"fourier_init needs 2 * {len(self.fourier_init)} <= d_model = {self.d_model}")
+        if self.norm_clamp is not None and not (math.isfinite(self.norm_clamp) and self.norm_clamp > 0):
+            raise GeoError(f"norm_clamp = {self.norm_clamp} must be a finite number > 0 (the held total weight norm) "
+                           "or none")
+        from geolens.model.hyperschedule import parse_hyper_schedule
         from geolens.model.schedule import parse_schedule
 
         parse_schedule(self.checkpoints)
+        parse_hyper_schedule(self.schedule)
 
     def _check_types(self) -> None:
         """Every field has its declared type (a hand-edited run.json may hold "p": "23"); ints are
         accepted for float fields and stored as floats."""
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.type == "float" and type(value) is int:
+            if f.type in ("float", "float | None") and type(value) is int:
                 setattr(self, f.name, float(value))
                 continue
             if not _TYPE_CHECKS[f.type](value):
@@ -248,6 +255,10 @@ def parse_override(text: str) -> tuple[str, Any]:
             value: Any = [int(x) for x in raw.replace("[", "").replace("]", "").split(",") if x.strip()]
         elif key == "early_stop_after":
             value = None if raw.lower() in ("none", "") else int(raw)
+        elif key == "norm_clamp":
+            value = None if raw.lower() in ("none", "") else float(raw)
+        elif key == "schedule":
+            value = [x for x in raw.split(";") if x.strip()]
         elif isinstance(default, bool):
             if raw.lower() not in ("true", "false", "1", "0"):
                 raise ValueError(raw)
@@ -270,6 +281,8 @@ _TYPE_CHECKS = {
     "bool": lambda v: type(v) is bool,
     "list[int]": lambda v: isinstance(v, list) and all(type(x) is int for x in v),
     "int | None": lambda v: v is None or type(v) is int,
+    "float | None": lambda v: v is None or type(v) is float,
+    "list[str]": lambda v: isinstance(v, list) and all(type(x) is str for x in v),
 }
 
 

@@ -105,7 +105,8 @@ FAST_VALUE_FIELDS = frozenset({"d_model", "n_heads", "d_head", "d_mlp", "tau", "
 # no part of the forward (the task and the split give the tokens; init and training settings the weights)
 FAST_IGNORED_FIELDS = frozenset({"task", "p", "n_perm", "frac_train", "data_seed", "fourier_init", "init", "seed",
                                  "lr", "beta1", "beta2", "weight_decay", "epochs", "eval_every", "checkpoints",
-                                 "early_stop_after", "engine", "device", "preset"})
+                                 "early_stop_after", "engine", "device", "preset", "schedule",
+                                 "norm_clamp"})
 _CHOICES = (("norm", FAST_NORMS), ("unembed", FAST_READOUTS), ("attention", FAST_ATTENTIONS))
 
 
@@ -551,8 +552,8 @@ class _Tables:
     WOt: Tensor | None
 
 
-def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int) -> _Tables:
-    """The per-token tables of stacked parameters P {name: [M, *shape]}."""
+def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int, tau: float) -> _Tables:
+    """The per-token tables of stacked parameters P {name: [M, *shape]} (tau: the bounded readout's temperature)."""
     eps = _norm_eps(cfg)
     H, dh, V, D = cfg.n_heads, cfg.d_head, cfg.d_vocab, cfg.d_model
     W_E, W_pos = P["embed.W_E"], P["pos_embed.W_pos"]
@@ -594,7 +595,7 @@ def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int) -> _Tables:
             torch.bmm(const.detach(), Wt, out=tab2[:, -1:])
         Tab2[M * n_tab :] = b_in if b2 is None else torch.baddbmm(b_in[:, None], b2[:, None], W_in)[:, 0]
     W_U = P["unembed.W_U"]
-    Wr = bounded_readout(W_U, cfg.tau) if cfg.unembed == "bounded" else W_U
+    Wr = bounded_readout(W_U, tau) if cfg.unembed == "bounded" else W_U
     return _Tables(Sc, Tab, Tab2, Wr, Wt, Vh, WOt)
 
 
@@ -609,19 +610,20 @@ def _check(cfg: GeoConfig, tokens: list[Tensor]) -> None:
         raise GeoError(f"stacked fast path needs the same batch size for every member, got {[len(t) for t in tokens]}")
 
 
-def _prepare(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[Tensor]):
+def _prepare(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[Tensor], tau: float):
     """(plan, spec, tables) for stacked parameters and the members' (checked, non-empty) tokens."""
     V, uniform = cfg.d_vocab, cfg.attention == "uniform"
     plan = _plan(tokens, V, cfg.n_heads, uniform)
     if not plan.same_eq:
         raise GeoError("fast path needs the same token at position 2 in every row (the '=' token)")
     spec = _Spec(cfg.norm, _norm_eps(cfg), cfg.n_heads, V, uniform)
-    return plan, spec, _tables(cfg, params, plan.eq)
+    return plan, spec, _tables(cfg, params, plan.eq, tau)
 
 
-def _apply(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[Tensor], given: _Forward | None = None) -> Tensor:
+def _apply(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[Tensor], tau: float,
+           given: _Forward | None = None) -> Tensor:
     """_Body on the tables of params (with autograd) for the members' checked, non-empty tokens."""
-    plan, spec, t = _prepare(cfg, params, tokens)
+    plan, spec, t = _prepare(cfg, params, tokens, tau)
     return _Body.apply(
         plan, spec, t.Sc, t.Tab, t.Tab2, params["blocks.0.mlp.W_in"], params["blocks.0.mlp.b_in"],
         params.get("blocks.0.attn_norm.w"), params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
@@ -631,19 +633,20 @@ def _apply(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[Tensor], give
 
 
 def stacked_fast_logits(cfg: GeoConfig, params: dict[str, Tensor],
-                        tokens: list[Int[Tensor, "batch 3"]]) -> Float[Tensor, "M batch d_vocab_out"]:
+                        tokens: list[Int[Tensor, "batch 3"]], tau: float | None = None) -> Float[Tensor, "M batch d_vocab_out"]:
     """Logits [M, B, d_vocab_out] of M one-layer GeoTransformers of config `cfg` (up to the member
     fields of geolens.training.batched) with parameters params {name: [M, *shape]} (GeoTransformer's
     parameter names), member m on tokens[m] [B, 3] (the same B for all).
 
     Member m's logits equal GeoTransformer(params[:, m])(tokens[m])[:, -1] up to float rounding, and
-    gradients flow to `params`. Every row must carry the same `=` token at position 2. Index work
+    gradients flow to `params`. tau: the bounded readout's temperature (default cfg.tau; a tau
+    schedule's value at the epoch during training). Every row must carry the same `=` token at position 2. Index work
     that depends only on the tokens is cached while the same (unmodified) tensors are passed again.
     """
     _check(cfg, tokens)
     if tokens[0].shape[0] == 0:
         return params["unembed.W_U"].new_zeros(len(tokens), 0, cfg.d_vocab_out)
-    return _apply(cfg, params, tokens)
+    return _apply(cfg, params, tokens, cfg.tau if tau is None else tau)
 
 
 @dataclass
@@ -683,7 +686,7 @@ def fast_eq_forward(model, tokens: Int[Tensor, "N 3"]) -> FastEq:
     _check(cfg, [tokens])
     params = {name: p.detach().unsqueeze(0) for name, p in model.named_parameters()}
     with torch.no_grad():
-        plan, spec, t = _prepare(cfg, params, [tokens])
+        plan, spec, t = _prepare(cfg, params, [tokens], model.unembed.tau)
         f = _forward_body(plan, spec, t.Sc, t.Tab, t.Tab2, params.get("blocks.0.attn_norm.w"),
                           params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
                           params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"),
@@ -742,10 +745,10 @@ def fast_logits(model, tokens: Int[Tensor, "batch 3"],
         return model(tokens)[:, -1]
     params = {name: p.unsqueeze(0) for name, p in model.named_parameters()}
     if reuse is None:
-        return stacked_fast_logits(model.cfg, params, [tokens])[0]
+        return stacked_fast_logits(model.cfg, params, [tokens], model.unembed.tau)[0]
     eq, rows = reuse
     if eq.versions != _param_versions(model) or not torch.equal(eq.tokens[rows], tokens):
         raise GeoError("fast_logits(reuse=...) needs a fast_eq_forward of this model's current parameters and "
                        "tokens == its tokens[rows]")
     _check(model.cfg, [tokens])
-    return _apply(model.cfg, params, [tokens], eq.forward.rows(rows))[0]
+    return _apply(model.cfg, params, [tokens], model.unembed.tau, eq.forward.rows(rows))[0]

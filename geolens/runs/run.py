@@ -12,8 +12,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from geolens.model.config import GeoConfig
 from geolens.errors import GeoError
+from geolens.model.config import GeoConfig
+from geolens.model.hyperschedule import parse_hyper_schedule
 from geolens.model.transformer import GeoTransformer
 from geolens.runs.storage import RunDir, read_json, read_metrics
 from geolens.model.tasks import Dataset, make_dataset
@@ -67,6 +68,17 @@ class Run:
                            f"to {steps[-1]}); choose an epoch in that range")
         return min(steps, key=lambda s: (abs(s - step), s))
 
+    def config_at(self, step: int) -> GeoConfig:
+        """The config that held at epoch `step`: before a fork's step its parent's (run.json `fork`
+        changes undone, generation by generation), with tau at its scheduled value (model.hyperschedule)."""
+        values, fork = self.config.to_dict(), self.header.get("fork")
+        while fork and step < fork["step"]:
+            values.update({k: v["from"] for k, v in fork["changes"].items()})
+            fork = fork.get("parent_fork")
+        cfg = GeoConfig.from_dict(values)
+        tau = parse_hyper_schedule(cfg.schedule).value("tau", cfg.tau, step)
+        return cfg if tau == cfg.tau else cfg.replace(tau=tau)
+
     def model_at(self, step: int) -> GeoTransformer:
         """The model at checkpointed epoch `step` (use nearest_step for any other epoch)."""
         if step not in self.steps:
@@ -74,7 +86,7 @@ class Run:
                 f"{self.path} has no checkpoint at epoch {step}; the nearest is {self.nearest_step(step)} "
                 "(see run.steps)"
             )
-        model = GeoTransformer(self.config)
+        model = GeoTransformer(self.config_at(step))
         state = self.dir.load_checkpoint(step)
         try:
             model.load_state_dict(state)
@@ -111,9 +123,19 @@ class Run:
             "stop_reason": events.get("stop_reason"),
             "checkpoints": "unreadable manifest" if steps is None else len(steps),
             "trimmed": self._trimmed_text(),
+            "forked_from": self._fork_text(),
             "trained_by": self._segments_text(),
             "ms_per_epoch": round(timing["ms_per_epoch"], 2) if "ms_per_epoch" in timing else None,
         }
+
+    def _fork_text(self) -> str | None:
+        """The lineage of a fork (run.json `fork`), one line per generation: parent, step and changes."""
+        lines, fork = [], self.header.get("fork")
+        while fork:
+            changes = ", ".join(f"{k} {v['from']} -> {v['to']}" for k, v in fork["changes"].items() if k != "epochs")
+            lines.append(f"{fork['parent']} at epoch {fork['step']} ({changes or 'no change'})")
+            fork = fork.get("parent_fork")
+        return "\n".join(lines) or None
 
     def _segments_text(self) -> str | None:
         """Who trained which epochs (run.json segments), one line per training start: the geolens

@@ -5,6 +5,7 @@ Layout (docs/run-format.md is the reference):
     metrics.csv              one row per evaluation
     events.json              onset events derived from metrics.csv
     checkpoints/manifest.json, checkpoints/step_XXXXXXX.safetensors   model weights per step
+    checkpoints/optim_XXXXXXX.safetensors   the AdamW state at that step (where a fork starts)
     resume.safetensors       model + AdamW state at the newest checkpoint (for --resume)
 Nothing is pickled: tensors are safetensors, everything else JSON or CSV.
 """
@@ -301,6 +302,10 @@ class RunDir:
     # checkpoints
     def ckpt_path(self, step: int) -> Path:
         return self.ckpt_dir / f"step_{step:07d}.safetensors"
+
+    def optim_path(self, step: int) -> Path:
+        """The AdamW state (opt.<param>.<key> tensors) at checkpoint `step`: what a fork at `step` continues with."""
+        return self.ckpt_dir / f"optim_{step:07d}.safetensors"
 
     def read_manifest(self) -> list[dict[str, Any]]:
         """The manifest's entries, checked: objects with an integer `step` (ascending, no repeats) and

@@ -90,7 +90,7 @@ class StackedForward:
         params = {n: torch.stack(ts) for n, ts in zip(self.names, zip(*(m.parameters() for m in self.models)))}
         if self.engine == "hooked":
             return stacked_logits(self.models[0], params, torch.stack(tokens))
-        return stacked_fast_logits(self.models[0].cfg, params, tokens)
+        return stacked_fast_logits(self.models[0].cfg, params, tokens, self.models[0].unembed.tau)
 
 
 def stacked_logits(model: GeoTransformer, params: dict[str, Tensor], tokens: Tensor) -> Tensor:

@@ -40,7 +40,7 @@ def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int,
     who trained which part: the previous segments that began before `start` (a later one trained
     epochs that are trained again now) and one from `start` with this geolens version and commit and
     the machine training on `device` (storage.machine; a run written before segments were recorded
-    starts with one of its recorded version)."""
+    starts with one of its recorded version); a fork keeps its lineage (`fork`, geolens.training.fork)."""
     versions = package_versions()
     segments = (prev or {}).get("segments", [])
     if prev and not segments:
@@ -48,8 +48,9 @@ def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int,
     segments = [seg for seg in segments if seg["from_epoch"] < start]
     segments.append({"from_epoch": start, "geolens": versions["geolens"], "geolens_commit": source_commit(),
                      "machine": machine(device)})
+    lineage = {"fork": prev["fork"]} if prev and "fork" in prev else {}
     return {"config": cfg.to_dict(), "versions": versions, "engine": engine, "engine_reason": why,
-            "n_train": n_train, "n_test": n_test, "segments": segments, "status": "running"}
+            "n_train": n_train, "n_test": n_test, "segments": segments, **lineage, "status": "running"}
 
 
 def squared_norms(model: GeoTransformer) -> Tensor:
@@ -125,10 +126,12 @@ def write_checkpoint(writer: BackgroundWriter, run: RunDir, weights: dict[str, T
 
 def _write_checkpoint(writer: BackgroundWriter, run: RunDir, weights: dict[str, Tensor], opt_state: dict[str, Tensor],
                       epoch: int, rows: list, manifest: list, events: dict, header: dict) -> None:
-    """Metrics, events, the step's weights, the manifest, then the resume state (weights as model.*, the
-    optimizer state) and run.json, in that order, so everything a resume state refers to is on disk before it."""
+    """Metrics, events, the step's optimizer state and weights, the manifest, then the resume state (weights
+    as model.*, the optimizer state) and run.json, in that order, so everything a resume state refers to is
+    on disk before it."""
     write_metrics(run.metrics_csv, rows)
     atomic_write_json(run.events_json, events)
+    save_tensors(run.optim_path(epoch), {**opt_state, "epoch": torch.tensor(epoch)}, metadata={"step": str(epoch)})
     run.save_checkpoint(epoch, weights, manifest)
     state = {f"model.{k}": v for k, v in weights.items()}
     state.update(opt_state)

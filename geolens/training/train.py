@@ -38,6 +38,7 @@ from geolens.training.engine import (
     synchronize,
     training_device,
 )
+from geolens.training.controls import Controls
 from geolens.training.progress_bar import EpochProgress, run_stats
 from geolens.training.recording import (
     finish_run,
@@ -104,12 +105,14 @@ def run_epochs(members: list[Member], step: Step, start: int, resumed: bool, eng
                on_eval: Callable[[int, list[bool]], None] | None = None) -> list[TrainResult]:
     """Train from epoch `start` until every member is finished; returns each member's TrainResult.
 
-    Every epoch: step.backward(); on the eval schedule (every cfg.eval_every epochs and the last,
+    Every epoch: each member's Controls.before (its lr / weight-decay / tau schedule at this epoch),
+    step.backward(); on the eval schedule (every cfg.eval_every epochs and the last,
     except `start` when resumed: it was evaluated before) the members' metrics rows
     (step.evaluate), and for each member still running its row, onset events, early stop, a
     checkpoint when its schedule asks or it is done (queued on one BackgroundWriter; a new run's
     claim swaps it into place after its first one), its final records once done; then the progress bar
-    (label; describe(rows, members running)) and on_eval(epoch, done flags); then step.update().
+    (label; describe(rows, members running)) and on_eval(epoch, done flags); then step.update() and
+    each member's norm clamp (Controls.clamp, also applied to the first state of a loop not resumed).
     A finished member is no longer recorded nor trained (step.keep); the loop ends when every member is done.
 
     Timing: train_s (backward and update; queued GPU work is waited for before each evaluation),
@@ -125,12 +128,18 @@ def run_epochs(members: list[Member], step: Step, start: int, resumed: bool, eng
         m.run.write_header({**m.header, "timing": _run_timing(timing, m.prev_timing)})
     elapsed0 = [m.rows[-1]["elapsed_s"] if m.rows else 0.0 for m in members]
     active = list(range(len(members)))  # the members the step trains: step.evaluate's rows, in order
+    controls = [Controls(m.cfg, m.model, m.opt) for m in members]
+    if not resumed:  # the first recorded state is already held at the clamp's norm
+        for c in controls:
+            c.clamp()
     bar = EpochProgress(cfg.epochs, start, progress, label)
     t_start = time.perf_counter()
     epoch = start
     with BackgroundWriter() as writer, bar:
         while True:
             t0 = time.perf_counter()
+            for i in active:
+                controls[i].before(epoch)
             step.backward()
             evaluate = (epoch % cfg.eval_every == 0 or epoch == cfg.epochs) and not (resumed and epoch == start)
             if evaluate:
@@ -161,6 +170,8 @@ def run_epochs(members: list[Member], step: Step, start: int, resumed: bool, eng
                     break
             t3 = time.perf_counter()
             step.update()
+            for i in active:
+                controls[i].clamp()
             timing["train_s"] += time.perf_counter() - t3
             timing["epochs_timed"] += 1
             epoch += 1

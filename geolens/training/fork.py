@@ -1,0 +1,206 @@
+"""Forks: a new run that starts from another run's checkpoint, with some of its settings changed.
+
+prepare_fork(parent, step, out, changes) writes OUT as a run directory paused at epoch `step`: the
+parent's records before it (metrics rows, checkpoints and their optimizer states, copied), the
+fork's own state at `step` (the parent's weights and AdamW state mapped onto the new config by
+map_state, held at the norm clamp if one is set), its metrics row there (the parent's, or evaluated
+anew when the change alters the forward at `step`), that checkpoint, the resume state, and run.json
+with the new config and the lineage (`fork`: parent path and identity, step, changes, mapping).
+fork() continues it with the ordinary resume, so a fork without changes is bit for bit the parent's
+own continuation (same engine, threads and machine); sweeps continue many prepared forks stacked.
+The parent is only read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from geolens.errors import GeoError
+from geolens.model.config import GeoConfig
+from geolens.model.hyperschedule import parse_hyper_schedule
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
+from geolens.runs.events import onset_events
+from geolens.runs.runlock import NewRunClaim
+from geolens.runs.storage import RunDir, atomic_write_json, load_tensors, read_metrics, save_tensors, write_metrics
+from geolens.training.controls import Controls
+from geolens.training.engine import make_optimizer, select_forward, training_device
+from geolens.training.recording import load_optimizer_tensors, optimizer_tensors, run_header
+from geolens.training.train import SingleStep, TrainResult, resume
+
+#: fields a fork cannot change, and why
+REFUSED = {
+    **{f: "it changes parameter shapes" for f in ("d_model", "d_mlp", "n_heads", "d_head", "n_layers", "p", "task",
+                                                  "n_perm")},
+    **{f: "the fork trains on the parent's split and data" for f in ("frac_train", "data_seed")},
+    **{f: "the fork starts from the parent's weights, not from an initialisation" for f in ("seed", "init",
+                                                                                            "fourier_init")},
+    "eval_every": "the fork keeps the parent's evaluation record",
+}
+#: fields whose change alters the forward at the fork step (its metrics row is then evaluated anew)
+FORWARD_FIELDS = ("norm", "unembed", "attention", "tau", "ln_eps", "rms_eps", "sphere_eps", "causal", "norm_clamp")
+
+
+def forked_config(parent: GeoConfig, step: int, changes: dict) -> GeoConfig:
+    """The parent's config with `changes`; a GeoError for a refused field or an epoch budget not past `step`."""
+    for name in changes:
+        if name in REFUSED:
+            raise GeoError(f"a fork cannot change '{name}': {REFUSED[name]}; train a new run instead")
+    cfg = GeoConfig.from_dict({**parent.to_dict(), **changes})
+    if cfg.epochs <= step:
+        raise GeoError(f"the fork would end at epoch {cfg.epochs}, not after its start {step}; pass --epochs N with N > {step}")
+    return cfg
+
+
+def map_state(new: GeoTransformer, weights: dict[str, Tensor], opt_state: dict[str, Tensor]
+              ) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, list[str]]]:
+    """The parent's weights and optimizer state (opt.<param>.<key>) mapped onto model `new`'s parameters:
+    a parameter both have keeps the parent's value and AdamW state; one only `new` has keeps new's
+    initial value and no AdamW state (moments at zero, as for a fresh optimizer); one only the parent
+    has is dropped. Returns (weights, optimizer state, {'added': [...], 'dropped': [...]})."""
+    own = new.state_dict()
+    out, added = {}, []
+    for name, value in own.items():
+        if name in weights:
+            if weights[name].shape != value.shape:
+                raise GeoError(f"parameter {name} has shape {tuple(weights[name].shape)} in the parent and "
+                               f"{tuple(value.shape)} in the fork; a fork cannot change parameter shapes")
+            out[name] = weights[name]
+        else:
+            out[name] = value.detach().clone()
+            added.append(name)
+    dropped = [name for name in weights if name not in own]
+    keep = {f"opt.{name}." for name, _ in new.named_parameters() if name not in added}
+    opt = {k: v for k, v in opt_state.items() if any(k.startswith(prefix) for prefix in keep)}
+    return out, opt, {"added": added, "dropped": dropped}
+
+
+def parent_optimizer_state(run: RunDir, step: int) -> dict[str, Tensor]:
+    """The AdamW state (opt.<param>.<key>) of `run` at checkpoint `step`; a GeoError where none was kept."""
+    if run.optim_path(step).exists():
+        state = load_tensors(run.optim_path(step))
+        return {k: v for k, v in state.items() if k.startswith("opt.")}
+    if step == 0:
+        return {}  # a fresh AdamW holds no state before its first step
+    if run.resume_file.exists():
+        state = load_tensors(run.resume_file)
+        if int(state["epoch"].item()) == step:
+            return {k: v for k, v in state.items() if k.startswith("opt.")}
+    kept = sorted(int(f.name[6:13]) for f in run.ckpt_dir.glob("optim_*.safetensors"))
+    raise GeoError(f"checkpoint {step} of {run.path} has no optimizer state (written before geolens kept one per "
+                   f"checkpoint, or a trimmed export); fork at epoch 0{''.join(f', {k}' for k in kept[:8])} instead")
+
+
+def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict | None = None,
+                 force: bool = False) -> Path:
+    """Write OUT as the fork of `parent` at checkpoint `step` with config `changes` (module docstring),
+    ready to be continued by resume; returns its path. A step without a checkpoint, a refused change or
+    an OUT inside the parent is refused before anything is written."""
+    prun, changes = RunDir(parent), dict(changes or {})
+    header = prun.read_header()
+    pcfg = GeoConfig.from_dict(header["config"])
+    out = Path(out)
+    if out.resolve() == prun.path.resolve() or prun.path.resolve() in out.resolve().parents:
+        raise GeoError(f"--out {out} is the parent run or inside it; the parent is never written: choose another --out")
+    cfg = forked_config(pcfg, step, changes)
+    steps = [e["step"] for e in prun.read_manifest()]
+    if step not in steps:
+        before = [s for s in steps if s < step][-1:]
+        after = [s for s in steps if s > step][:1]
+        raise GeoError(f"{prun.path} has no checkpoint at epoch {step}; the nearest are "
+                       f"{' and '.join(map(str, before + after)) or 'none'} (fork at a checkpointed epoch)")
+    opt_state = parent_optimizer_state(prun, step)
+    rows = [r for r in read_metrics(prun.metrics_csv) if r["epoch"] <= step]
+    if not rows or rows[-1]["epoch"] != step:
+        raise GeoError(f"{prun.metrics_csv} has no row at epoch {step}; `geolens info --run {prun.path}` says what is damaged")
+
+    model = GeoTransformer(cfg)  # initial values of the parameters the new config adds
+    weights, opt_state, mapping = map_state(model, prun.load_checkpoint(step), opt_state)
+    model.load_state_dict(weights)
+    opt = make_optimizer(model)
+    load_optimizer_tensors(model, opt, opt_state)
+    controls = Controls(cfg, model, opt)
+    controls.clamp()
+    controls.before(step)
+    if _forward_changed(pcfg, cfg, step):
+        rows[-1] = _evaluate_at(model, opt, cfg, step, rows[-1]["elapsed_s"])
+
+    data = make_dataset(cfg)
+    dev = training_device(cfg)
+    engine, _, why = select_forward(model)
+    new_header = run_header(cfg, engine, why, len(data.train[1]), len(data.test[1]), step, header, device=dev)
+    new_header["fork"] = lineage(prun, header, pcfg, cfg, step, mapping)
+    new_header["timing"] = {}
+    with NewRunClaim(out, force, "fork") as claim:
+        run = RunDir(claim.path)
+        run.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        manifest = [e for e in prun.read_manifest() if e["step"] < step]
+        for e in manifest:
+            shutil.copy2(prun.ckpt_path(e["step"]), run.ckpt_path(e["step"]))
+            if prun.optim_path(e["step"]).exists():
+                shutil.copy2(prun.optim_path(e["step"]), run.optim_path(e["step"]))
+        row = rows[-1]
+        manifest.append(run.manifest_entry(step, {k: row[k] for k in ("train_loss", "train_acc", "test_loss", "test_acc")}))
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        opt_now = optimizer_tensors(model, opt)
+        write_metrics(run.metrics_csv, rows)
+        atomic_write_json(run.events_json, {**onset_events(rows), "eval_every": cfg.eval_every})
+        save_tensors(run.optim_path(step), {**opt_now, "epoch": torch.tensor(step)}, metadata={"step": str(step)})
+        run.save_checkpoint(step, state, manifest)
+        save_tensors(run.resume_file, {**{f"model.{k}": v for k, v in state.items()}, **opt_now,
+                                       "epoch": torch.tensor(step)})
+        run.write_header(new_header)
+        claim.started()
+    return Path(out)
+
+
+def fork(parent: str | Path, step: int, out: str | Path, changes: dict | None = None, force: bool = False,
+         progress: bool = True) -> TrainResult:
+    """Fork `parent` at checkpoint `step` into `out` with config `changes` and train it to its epochs
+    (prepare_fork, then training.train.resume); returns the TrainResult."""
+    prepare_fork(parent, step, out, changes, force)
+    return resume(out, progress=progress)
+
+
+def lineage(prun: RunDir, header: dict, pcfg: GeoConfig, cfg: GeoConfig, step: int, mapping: dict) -> dict:
+    """run.json's `fork` record: the parent (path; identity: hashes of its config and of the checkpoint
+    forked from; its own `fork` record when it is a fork), the step, the changed fields and the mapping."""
+    old, new = pcfg.to_dict(), cfg.to_dict()
+    return {
+        "parent": str(prun.path.resolve()),
+        "parent_identity": {"config_sha256": _sha256(json.dumps(old, sort_keys=True).encode()),
+                            "checkpoint_sha256": _sha256(prun.ckpt_path(step).read_bytes())},
+        "step": step,
+        "changes": {k: {"from": old[k], "to": new[k]} for k in new if new[k] != old[k]},
+        "mapping": mapping,
+        "parent_fork": header.get("fork"),
+    }
+
+
+def _forward_changed(pcfg: GeoConfig, cfg: GeoConfig, step: int) -> bool:
+    """Whether the forward at `step` differs between the parent's config and the fork's."""
+    if any(getattr(pcfg, f) != getattr(cfg, f) for f in FORWARD_FIELDS):
+        return True
+    tau = [parse_hyper_schedule(c.schedule).value("tau", c.tau, step) for c in (pcfg, cfg)]
+    return tau[0] != tau[1]
+
+
+def _evaluate_at(model: GeoTransformer, opt, cfg: GeoConfig, step: int, elapsed: float) -> dict:
+    """The metrics row of `model` at `step` (the training loop's evaluation, on the training device's engine)."""
+    data = make_dataset(cfg)
+    _, forward, _ = select_forward(model)
+    single = SingleStep(model, opt, forward, *data.train, *data.test)
+    single.backward()
+    row = single.evaluate(step, elapsed)[0]
+    opt.zero_grad(set_to_none=True)
+    return row
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
