@@ -38,6 +38,7 @@ from torch import Tensor
 from geolens.errors import GeoError, warn
 from geolens.model.config import GeoConfig
 from geolens.model.fast import stacked_fast_logits
+from geolens.model.hyperschedule import parse_hyper_schedule
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
 from geolens.runs.integrity import resume_point
@@ -48,8 +49,9 @@ from geolens.training.progress_bar import sweep_stats
 from geolens.training.recording import from_resume_state, metrics_row, run_header, squared_norms
 from geolens.training.train import Member, TrainResult, run_epochs
 
-#: config fields members of one batch may differ in; every other field must agree
-MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "beta1", "beta2", "early_stop_after", "preset")
+#: config fields members of one batch may differ in (their tau schedules excepted); every other field must agree
+MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "beta1", "beta2", "early_stop_after", "preset", "schedule",
+                 "norm_clamp")
 ENGINE = "batched"
 
 
@@ -65,6 +67,10 @@ def check_members(cfgs: list[GeoConfig]) -> None:
                     f"batched members must share '{key}' (member 0 has {first[key]!r}, member {i} has {value!r}); "
                     f"only {', '.join(MEMBER_FIELDS)} may differ; train the others in a separate sweep"
                 )
+    taus = {tuple(w for w in parse_hyper_schedule(c.schedule).windows if w.name == "tau") for c in cfgs}
+    if len(taus) > 1:
+        raise GeoError("batched members share one readout temperature: their tau schedules must agree (lr and "
+                       "weight_decay schedules may differ); train the others in a separate sweep")
 
 
 class StackedForward:

@@ -88,13 +88,13 @@ def parent_optimizer_state(run: RunDir, step: int) -> dict[str, Tensor]:
         return {k: v for k, v in state.items() if k.startswith("opt.")}
     if step == 0:
         return {}  # a fresh AdamW holds no state before its first step
-    if run.resume_file.exists():
-        state = load_tensors(run.resume_file)
-        if int(state["epoch"].item()) == step:
-            return {k: v for k, v in state.items() if k.startswith("opt.")}
-    kept = sorted(int(f.name[6:13]) for f in run.ckpt_dir.glob("optim_*.safetensors"))
+    resume_epoch = int(load_tensors(run.resume_file)["epoch"].item()) if run.resume_file.exists() else None
+    if resume_epoch == step:
+        return {k: v for k, v in load_tensors(run.resume_file).items() if k.startswith("opt.")}
+    kept = sorted({0, *(int(f.name[6:13]) for f in run.ckpt_dir.glob("optim_*.safetensors"))}
+                  | ({resume_epoch} if resume_epoch is not None else set()))
     raise GeoError(f"checkpoint {step} of {run.path} has no optimizer state (written before geolens kept one per "
-                   f"checkpoint, or a trimmed export); fork at epoch 0{''.join(f', {k}' for k in kept[:8])} instead")
+                   f"checkpoint, or a trimmed export); fork at epoch {', '.join(map(str, kept[:8]))} instead")
 
 
 def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict | None = None,

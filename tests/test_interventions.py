@@ -1,0 +1,241 @@
+"""Interventions: forks at a checkpoint (bit-identical without changes, the documented parameter
+mapping for switches, lineage, refusals that leave the parent untouched), hyperparameter schedules
+and the norm clamp, in the single and the batched loop."""
+
+import hashlib
+import json
+
+import pytest
+import torch
+from conftest import one_line_error
+
+from geolens.analysis.run_analysis import load_run
+from geolens.errors import GeoError
+from geolens.model.config import make_config
+from geolens.model.hyperschedule import parse_hyper_schedule
+from geolens.model.transformer import GeoTransformer
+from geolens.runs.storage import RunDir, load_tensors, read_metrics
+from geolens.training.batched import train_batched
+from geolens.training.controls import Controls, total_norm
+from geolens.training.engine import make_optimizer
+from geolens.training.fork import fork, prepare_fork
+from geolens.training.train import resume, train
+
+SMALL = dict(task="add", p=23, d_model=32, d_head=8, d_mlp=64, frac_train=0.5, eval_every=10, checkpoints="every:50",
+             epochs=200, seed=1, data_seed=1)
+LN_PARAMS = {"embed_norm.w", "embed_norm.b", "blocks.0.attn_norm.w", "blocks.0.attn_norm.b", "blocks.0.mlp_norm.w",
+             "blocks.0.mlp_norm.b"}
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory):
+    """A LayerNorm run (p = 23, 200 epochs, checkpoints every 50)."""
+    path = tmp_path_factory.mktemp("fork") / "parent"
+    train(make_config("ln", **SMALL), path, progress=False)
+    return path
+
+
+def digest(path) -> dict[str, str]:
+    return {f.relative_to(path).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(path.rglob("*")) if f.is_file() and not f.name.startswith(".")}
+
+
+def rows_without_time(path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "elapsed_s"} for r in read_metrics(RunDir(path).metrics_csv)]
+
+
+def test_every_checkpoint_keeps_its_optimizer_state(parent):
+    run = RunDir(parent)
+    final = load_tensors(run.resume_file)
+    for step in (0, 50, 100, 150, 200):
+        state = load_tensors(run.optim_path(step))
+        assert int(state["epoch"]) == step
+        assert (len(state) == 1) == (step == 0)  # a fresh AdamW holds nothing before its first step
+    last = load_tensors(run.optim_path(200))
+    assert all(torch.equal(last[k], final[k]) for k in last if k.startswith("opt."))
+
+
+def test_plain_fork_equals_the_parent_bit_for_bit(parent, tmp_path):
+    before = digest(parent)
+    fork(parent, 100, tmp_path / "child", progress=False)
+    run, child = RunDir(parent), RunDir(tmp_path / "child")
+    for step in (0, 50, 100, 150, 200):
+        a, b = run.load_checkpoint(step), child.load_checkpoint(step)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), step
+    assert rows_without_time(parent) == rows_without_time(tmp_path / "child")
+    header = child.read_header()
+    assert header["status"] == "finished" and header["fork"]["step"] == 100 and header["fork"]["changes"] == {}
+    assert header["fork"]["parent"] == str(parent.resolve())
+    assert header["fork"]["parent_identity"]["checkpoint_sha256"] == before["checkpoints/step_0000100.safetensors"]
+    assert json.loads((tmp_path / "child" / "events.json").read_text()) == json.loads((parent / "events.json").read_text())
+    assert digest(parent) == before  # the parent is only read
+
+
+def test_fork_of_a_fork_and_its_lineage(parent, tmp_path, geolens):
+    fork(parent, 100, tmp_path / "a", {"lr": 2e-3}, progress=False)
+    r = geolens("fork", "--run", tmp_path / "a", "--step", 150, "--out", tmp_path / "b", "--set", "weight_decay=0.5",
+                "--quiet")
+    assert r.returncode == 0, r.stderr
+    b = load_run(tmp_path / "b")
+    assert (b.config.lr, b.config.weight_decay) == (2e-3, 0.5)
+    fork_record = b.header["fork"]
+    assert fork_record["changes"] == {"weight_decay": {"from": 1.0, "to": 0.5}}
+    assert fork_record["parent_fork"]["changes"] == {"lr": {"from": 6e-4, "to": 2e-3}}
+    assert b.config_at(120).lr == 2e-3 and b.config_at(120).weight_decay == 1.0 and b.config_at(50).lr == 6e-4
+    # before the first fork it is the grandparent's trajectory
+    assert torch.equal(RunDir(parent).load_checkpoint(50)["embed.W_E"], b.dir.load_checkpoint(50)["embed.W_E"])
+    info = geolens("info", "--run", tmp_path / "b")
+    assert "at epoch 150 (weight_decay 1.0 -> 0.5)" in info.stdout and "at epoch 100 (lr 0.0006 -> 0.002)" in info.stdout
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--step", "120"], "no checkpoint at epoch 120; the nearest are 100 and 150"),
+    (["--step", "100", "--set", "d_mlp=128"], "cannot change 'd_mlp': it changes parameter shapes"),
+    (["--step", "100", "--set", "p=29"], "cannot change 'p'"),
+    (["--step", "100", "--set", "task=mul"], "cannot change 'task'"),
+    (["--step", "100", "--set", "n_heads=2"], "cannot change 'n_heads'"),
+    (["--step", "100", "--epochs", "100"], "not after its start 100"),
+    (["--step", "100", "--set", "norm=batchnorm"], "norm = 'batchnorm' is not valid"),
+    (["--step", "100", "--schedule", "weight_decay=3@20"], "is not NAME=VALUE@START:END"),
+])
+def test_refusals_are_one_line_and_leave_the_parent_untouched(parent, tmp_path, geolens, args, needle):
+    before = digest(parent)
+    r = geolens("fork", "--run", parent, "--out", tmp_path / "x", *args, "--quiet")
+    assert r.returncode == 2 and needle in one_line_error(r.stderr)
+    assert digest(parent) == before and not (tmp_path / "x").exists()
+
+
+def test_fork_into_the_parent_is_refused(parent, geolens):
+    before = digest(parent)
+    for out in (parent, parent / "inner"):
+        r = geolens("fork", "--run", parent, "--step", 100, "--out", out)
+        assert r.returncode == 2 and "the parent is never written" in one_line_error(r.stderr)
+    assert digest(parent) == before
+
+
+def test_a_step_without_optimizer_state_is_refused(parent, tmp_path):
+    old = tmp_path / "old"
+    old.mkdir()
+    for f in parent.rglob("*"):
+        if f.is_file() and not f.name.startswith((".", "optim_")):
+            (old / f.relative_to(parent)).parent.mkdir(parents=True, exist_ok=True)
+            (old / f.relative_to(parent)).write_bytes(f.read_bytes())
+    with pytest.raises(GeoError, match="checkpoint 100 of .* has no optimizer state.*fork at epoch 0, 200"):
+        prepare_fork(old, 100, tmp_path / "x")
+
+
+def test_norm_switch_mapping(parent, tmp_path):
+    """LayerNorm -> sphere drops every norm parameter; sphere -> RMSNorm adds the gains at their initial
+    value 1 without AdamW state; RMSNorm -> LayerNorm keeps the gains and adds the biases at 0."""
+    fork(parent, 100, tmp_path / "sphere", {"norm": "sphere", "unembed": "bounded", "weight_decay": 0.0}, progress=False)
+    rec = RunDir(tmp_path / "sphere").read_header()["fork"]
+    assert set(rec["mapping"]["dropped"]) == LN_PARAMS and rec["mapping"]["added"] == []
+    parent_100 = RunDir(parent).load_checkpoint(100)
+    at_100 = RunDir(tmp_path / "sphere").load_checkpoint(100)
+    assert set(at_100) == set(parent_100) - LN_PARAMS and all(torch.equal(at_100[k], parent_100[k]) for k in at_100)
+    parent_row = [r for r in read_metrics(RunDir(parent).metrics_csv) if r["epoch"] == 100][0]
+    row = [r for r in read_metrics(RunDir(tmp_path / "sphere").metrics_csv) if r["epoch"] == 100][0]
+    assert row["max_abs_logit"] <= 10.0 + 1e-4 and row["test_loss"] != parent_row["test_loss"]  # evaluated anew
+
+    prepare_fork(tmp_path / "sphere", 150, tmp_path / "rms", {"norm": "rmsnorm", "epochs": 170})
+    rms = RunDir(tmp_path / "rms")
+    gains = {k for k in LN_PARAMS if k.endswith(".w")}
+    assert set(rms.read_header()["fork"]["mapping"]["added"]) == gains
+    at_150 = rms.load_checkpoint(150)
+    assert all(torch.equal(at_150[k], torch.ones(32)) for k in gains)
+    optim = load_tensors(rms.optim_path(150))
+    assert not any(k.startswith(f"opt.{g}.") for k in optim for g in gains) and "opt.embed.W_E.exp_avg" in optim
+
+    fork(tmp_path / "rms", 150, tmp_path / "ln", {"norm": "layernorm"}, progress=False)
+    ln = RunDir(tmp_path / "ln")
+    assert set(ln.read_header()["fork"]["mapping"]["added"]) == {k for k in LN_PARAMS if k.endswith(".b")}
+    assert all(torch.equal(ln.load_checkpoint(150)[k.replace(".w", ".b")], torch.zeros(32)) for k in gains)
+    run = load_run(tmp_path / "ln")
+    kinds = {s: type(run.model_at(s).embed_norm).__name__ for s in (50, 100, 150, 170)}  # each step its own topology
+    assert kinds == {50: "LayerNorm", 100: "SphereNorm", 150: "LayerNorm", 170: "LayerNorm"}
+
+
+@pytest.mark.parametrize("changes", [{"attention": "uniform"}, {"unembed": "bounded", "tau": 5.0}])
+def test_attention_and_readout_switches_keep_every_parameter(parent, tmp_path, changes):
+    fork(parent, 150, tmp_path / "arm", changes, progress=False)
+    run = load_run(tmp_path / "arm")
+    assert run.header["fork"]["mapping"] == {"added": [], "dropped": []}
+    assert run.header["status"] == "finished" and getattr(run.model_at(200).cfg, next(iter(changes))) == next(iter(changes.values()))
+    parent_row = [r for r in read_metrics(RunDir(parent).metrics_csv) if r["epoch"] == 150][0]
+    assert run.metrics[15]["epoch"] == 150 and run.metrics[15]["test_loss"] != parent_row["test_loss"]
+
+
+def test_schedule_values():
+    s = parse_hyper_schedule(["weight_decay=3.0@20:40", "lr=warmup:10", "tau=20@5:6", "lr=1e-2@30:31"])
+    assert [s.value("weight_decay", 1.0, e) for e in (19, 20, 39, 40)] == [1.0, 3.0, 3.0, 1.0]
+    assert [s.value("lr", 1e-3, e) for e in (0, 4, 9, 30)] == [1e-4, 5e-4, 1e-3, 1e-2]
+    assert [s.value("tau", 10.0, e) for e in (4, 5, 6)] == [10.0, 20.0, 10.0]
+    for bad, needle in [("weight_decay=1@5:10 ", None), ("momentum=1@0:5", "cannot be scheduled"),
+                        ("lr=1@5:5", "is empty"), ("lr=-1@0:5", "must be a finite number > 0"),
+                        ("lr=warmup:0", "N >= 1")]:
+        if needle is None:
+            with pytest.raises(GeoError, match="overlaps"):
+                parse_hyper_schedule(["weight_decay=2@0:6", bad])
+        else:
+            with pytest.raises(GeoError, match=needle):
+                parse_hyper_schedule([bad])
+
+
+def test_controls_set_the_optimizer_and_tau_per_epoch():
+    cfg = make_config("fb", **{**SMALL, "schedule": ["lr=warmup:4", "weight_decay=2@3:5", "tau=4@1:2"]})
+    model = GeoTransformer(cfg)
+    opt = make_optimizer(model)
+    c = Controls(cfg, model, opt)
+    seen = []
+    for e in range(6):
+        c.before(e)
+        seen.append((opt.param_groups[0]["lr"], opt.param_groups[0]["weight_decay"], model.unembed.tau))
+    assert seen == [(1.5e-4, 0.0, 10.0), (3e-4, 0.0, 4.0), (4.5e-4, 0.0, 10.0), (6e-4, 2.0, 10.0), (6e-4, 2.0, 10.0),
+                    (6e-4, 0.0, 10.0)]
+
+
+def test_a_pulse_changes_the_run_only_inside_and_after_its_window(parent, tmp_path):
+    train(make_config("ln", **{**SMALL, "schedule": ["weight_decay=20@100:120"]}), tmp_path / "pulse", progress=False)
+    train(make_config("ln", **{**SMALL, "schedule": ["weight_decay=20@0:200"]}), tmp_path / "always", progress=False)
+    train(make_config("ln", **{**SMALL, "weight_decay": 20.0}), tmp_path / "wd20", progress=False)
+    p, q = rows_without_time(parent), rows_without_time(tmp_path / "pulse")
+    assert q[:11] == p[:11] and q[11] != p[11]  # the same through epoch 100, the pulse's step moves epoch 110
+    assert rows_without_time(tmp_path / "always") == rows_without_time(tmp_path / "wd20")
+    assert p[-1]["weight_norm"] > q[-1]["weight_norm"]
+
+
+def test_a_resumed_scheduled_run_equals_the_uninterrupted_one(tmp_path, assert_identical_runs):
+    sched = {"schedule": ["weight_decay=5@60:90", "lr=warmup:30", "tau=6@80:130"]}
+    train(make_config("fb", **{**SMALL, **sched}), tmp_path / "whole", progress=False)
+    train(make_config("fb", **{**SMALL, **sched, "epochs": 100}), tmp_path / "parts", progress=False)
+    resume(tmp_path / "parts", progress=False, epochs=200)
+    assert_identical_runs(tmp_path / "whole", tmp_path / "parts")
+    train(make_config("fb", **{**SMALL, "schedule": sched["schedule"][:2]}), tmp_path / "no_tau", progress=False)
+    a, b = rows_without_time(tmp_path / "whole"), rows_without_time(tmp_path / "no_tau")
+    assert a[:8] == b[:8] and a[8]["test_loss"] != b[8]["test_loss"]  # tau 6 from the forward at epoch 80 on
+    run = load_run(tmp_path / "whole")
+    assert [run.config_at(e).tau for e in (70, 80, 120, 130)] == [10.0, 6.0, 6.0, 10.0]
+    assert run.model_at(100).unembed.tau == 6.0
+
+
+def test_the_clamp_holds_the_weight_norm(parent, tmp_path):
+    train(make_config("ln", **{**SMALL, "norm_clamp": 15.0, "weight_decay": 0.0}), tmp_path / "new", progress=False)
+    fork(parent, 50, tmp_path / "held", {"norm_clamp": 30.0}, progress=False)
+    for path, radius, start in ((tmp_path / "new", 15.0, 0), (tmp_path / "held", 30.0, 50)):
+        run = RunDir(path)
+        assert all(r["weight_norm"] == pytest.approx(radius, rel=1e-5) for r in read_metrics(run.metrics_csv)
+                   if r["epoch"] >= start)
+        for step in [e["step"] for e in run.read_manifest() if e["step"] >= start]:
+            assert total_norm(list(run.load_checkpoint(step).values())).item() == pytest.approx(radius, rel=1e-5)
+
+
+def test_batched_members_follow_their_own_schedule(tmp_path):
+    base = make_config("ln", **SMALL)
+    pulse = base.replace(schedule=["weight_decay=20@0:200"])
+    flat = base.replace(weight_decay=20.0)
+    train_batched([pulse, base.replace(seed=2)], [tmp_path / "a0", tmp_path / "a1"], progress=False)
+    train_batched([flat, base.replace(seed=2)], [tmp_path / "b0", tmp_path / "b1"], progress=False)
+    assert rows_without_time(tmp_path / "a0") == rows_without_time(tmp_path / "b0")
+    assert rows_without_time(tmp_path / "a1") == rows_without_time(tmp_path / "b1")
+    with pytest.raises(GeoError, match="tau"):
+        train_batched([base.replace(schedule=["tau=3@0:5"]), base], [tmp_path / "c0", tmp_path / "c1"], progress=False)
