@@ -38,6 +38,9 @@ Schedules = Annotated[list[str], typer.Option("--schedule", help="lr, weight_dec
                                               "weight_decay=3.0@2000:2200 (epochs [2000, 2200)); lr=warmup:500 "
                                               "(repeatable; docs/cli.md).")]
 Quiet = Annotated[bool, typer.Option(help="No progress bar.")]
+# a sweep's list options: each may be repeated, and its repeats combine as one comma list (--lr 1e-3 --lr 6e-4
+# is --lr 1e-3,6e-4); any other option given twice is refused (_repeated_option)
+Multi = Optional[list[str]]
 
 
 def _overrides(sets: list[str], schedules: list[str] = (), **named) -> dict:
@@ -100,13 +103,13 @@ def sweep(
     out: Path = typer.Option(..., help="Sweep folder: members go to OUT/seed_<seed> (one configuration) or "
                              r"OUT/\[<task>/]\[p<p>/]<preset>/lr<lr>/\[wd<wd>/]seed_<seed> (a grid); see docs/cli.md."),
     grid: Optional[Path] = typer.Option(None, help="TOML grid file (same keys as these flags; flags given here win)."),
-    seeds: Optional[str] = typer.Option(None, help="Initialisation seeds: a range '1-10', a list '1,4,7', or both '1-3,8'."),
-    preset: Optional[str] = typer.Option(None, help="Presets, comma-separated: fb,sphere,ln (default fb)."),
-    task: Optional[str] = typer.Option(None, help="Tasks, comma-separated (adds a <task> folder level)."),
-    p: Optional[str] = typer.Option(None, "--p", help="Moduli, comma-separated (adds a p<p> folder level)."),
-    lr: Optional[str] = typer.Option(None, help="Learning rates, comma-separated: 6e-4,1e-3."),
-    wd: Optional[str] = typer.Option(None, help="Weight decays, comma-separated (adds a wd<wd> folder level)."),
-    epochs: Optional[str] = typer.Option(None, help="Epochs: 5000, or per preset with a default: ln=15000,rms=15000,5000."),
+    seeds: Multi = typer.Option(None, help="Initialisation seeds: a range '1-10', a list '1,4,7', or both '1-3,8'."),
+    preset: Multi = typer.Option(None, help="Presets, comma-separated: fb,sphere,ln (default fb)."),
+    task: Multi = typer.Option(None, help="Tasks, comma-separated (adds a <task> folder level)."),
+    p: Multi = typer.Option(None, "--p", help="Moduli, comma-separated (adds a p<p> folder level)."),
+    lr: Multi = typer.Option(None, help="Learning rates, comma-separated: 6e-4,1e-3."),
+    wd: Multi = typer.Option(None, help="Weight decays, comma-separated (adds a wd<wd> folder level)."),
+    epochs: Multi = typer.Option(None, help="Epochs: 5000, or per preset with a default: ln=15000,rms=15000,5000."),
     data_seed: Optional[int] = typer.Option(None, help="One split seed for every member (default: each member's seed)."),
     frac: Frac = None,
     eval_every: EvalEvery = None,
@@ -126,6 +129,7 @@ def sweep(
     from geolens.sweeps.grid import make_grid
     from geolens.sweeps.sweep import member_summary, run_sweep
 
+    preset, seeds, lr, wd, task, p, epochs = (_joined(v) for v in (preset, seeds, lr, wd, task, p, epochs))
     flags = dict(presets=preset, seeds=seeds, lr=lr, wd=wd, task=task, p=p, epochs=epochs, data_seed=data_seed,
                  frac=frac, eval_every=eval_every, checkpoints=checkpoints, early_stop=early_stop, layout=layout)
     spec = make_grid(grid, flags, set_)
@@ -352,6 +356,28 @@ def figures(
                   f"page {paths[-1]}", markup=False, highlight=False, soft_wrap=True)
 
 
+def _joined(values: list[str] | None) -> str | None:
+    """A repeated list option's values as one comma list (None when not given)."""
+    return ",".join(values) if values else None
+
+
+def _repeated_option(argv: list[str]) -> str | None:
+    """The one-line complaint about an option of a single value given more than once in `argv`
+    (click would keep only the last), or None."""
+    command = typer.main.get_command(app)
+    sub = getattr(command, "commands", {}).get(argv[0]) if argv else None
+    if sub is None:
+        return None
+    for param in sub.params:
+        if getattr(param, "param_type_name", None) != "option" or param.multiple or param.is_flag:  # click's or typer's
+            continue
+        given = [a for a in argv[1:] if a in param.opts or any(a.startswith(f"{o}=") for o in param.opts)]
+        if len(given) > 1:
+            return (f"{param.opts[0]} is given {len(given)} times; it takes one value (a repeat would silently replace "
+                    "the first): give it once")
+    return None
+
+
 def _names(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()] if text else None
 
@@ -428,6 +454,9 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
     warnings.showwarning = _show_warning
     try:
+        repeated = _repeated_option(sys.argv[1:])
+        if repeated:
+            raise GeoError(repeated)
         code = app(prog_name="geolens", standalone_mode=False)  # non-standalone typer returns exit codes (130 for Ctrl-C) instead of exiting
     except GeoError as e:
         _fail(str(e))

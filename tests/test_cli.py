@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, one_line_error
 
 
 def test_train_info_and_resume(tmp_path, geolens):
@@ -86,3 +86,43 @@ def test_ctrl_c_exits_130_and_says_what_is_kept(tmp_path, geolens, monkeypatch):
     monkeypatch.setattr("geolens.sweeps.sweep.run_sweep", interrupted)
     r = geolens("sweep", "--seeds", "1", "--out", str(tmp_path / "sw"), "--quiet", *TINY)
     assert r.returncode == 130 and "rerun the same sweep command" in r.stderr
+
+
+@pytest.mark.parametrize("repeated, combined", [
+    (["--preset", "fb", "--preset", "ln"], ["--preset", "fb,ln"]),
+    (["--seeds", "1-2", "--seeds", "5"], ["--seeds", "1-2,5"]),
+    (["--lr", "1e-3", "--lr", "6e-4"], ["--lr", "1e-3,6e-4"]),
+    (["--wd", "1", "--wd", "0.3"], ["--wd", "1,0.3"]),
+    (["--task", "add", "--task", "mul"], ["--task", "add,mul"]),
+    (["--p", "23", "--p", "29"], ["--p", "23,29"]),
+    (["--epochs", "ln=30", "--epochs", "20"], ["--epochs", "ln=30,20"]),
+])
+def test_sweep_list_options_combine_their_repeats(tmp_path, geolens, monkeypatch, repeated, combined):
+    """A repeated list option is its comma list: no grid axis is lost (`--preset fb --preset ln` once trained ln alone)."""
+    seen = []
+
+    def record(spec, *args, **kwargs):
+        seen.append(spec)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("geolens.sweeps.sweep.run_sweep", record)
+    base = ["sweep", "--out", tmp_path / "sw", "--quiet", "--set", "d_model=32", "--set", "d_head=8"]
+    base += [] if "--seeds" in repeated else ["--seeds", "1"]
+    base += [] if "--preset" in repeated or "--epochs" not in repeated else ["--preset", "ln,fb"]
+    for args in (repeated, combined):
+        assert geolens(*base, *args).returncode == 130
+    assert seen[0] == seen[1]
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["train", "--lr", "1e-3", "--lr", "6e-4"], "--lr"),
+    (["train", "--preset", "fb", "--preset=ln"], "--preset"),
+    (["train", "--set", "d_mlp=32", "--set", "d_mlp=64"], "--set d_mlp"),
+    (["sweep", "--seeds", "1", "--frac", "0.3", "--frac", "0.5"], "--frac"),
+    (["sweep", "--seeds", "1", "--set", "tau=5", "--set", "tau=20"], "--set tau"),
+    (["fork", "--run", "r", "--step", "10", "--step", "20", "--out", "o"], "--step"),
+])
+def test_an_option_of_one_value_given_twice_is_refused(tmp_path, geolens, args, flag):
+    r = geolens(*args, *(["--out", tmp_path / "x"] if args[0] != "fork" else []))
+    assert r.returncode == 2 and f"error: {flag} is given" in one_line_error(r.stderr)
+    assert not (tmp_path / "x").exists()

@@ -109,7 +109,11 @@ def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, set
     # every shared value is typed by its config field, as --set does (a file may say frac = "0.5")
     shared = dict(parse_override(f"{SHARED_FIELDS[k]}={keys[k]}") for k in SHARED_FIELDS if k in keys)
     set_table = dict(parse_override(f"{name}={value}") for name, value in keys.get("set", {}).items())
-    set_table.update(dict(parse_override(text) for text in sets))
+    given = [parse_override(text) for text in sets]
+    repeated = sorted({name for name, _ in given if [n for n, _ in given].count(name) > 1})
+    if repeated:
+        raise GeoError(f"--set {repeated[0]} is given twice; give each field once")
+    set_table.update(dict(given))
     for name in set_table:
         if name in AXIS_FIELDS:
             raise GeoError(f"'{name}' is a sweep axis; give it with {AXIS_FIELDS[name]} instead of --set/[set]")
