@@ -116,6 +116,10 @@ def sweep(
     checkpoints: Optional[str] = typer.Option(None, help="every:N | log:K | adaptive[:MAXGAP] | ends."),
     early_stop: Optional[int] = typer.Option(None, help="Stop a member N epochs after its test accuracy stays >= 0.99."),
     set_: Sets = [],
+    schedule: Schedules = [],
+    fork_from: Optional[Path] = typer.Option(None, help="Fork sweep: the parent run, or a sweep folder (each run in it "
+                                             "a parent); arms in OUT/[<parent>/]step<K>/<change> (docs/cli.md)."),
+    steps: Multi = typer.Option(None, help="Fork sweep: the parents' checkpointed epochs to fork at, comma-separated."),
     layout: Optional[str] = typer.Option(None, help="auto (default): flat for one configuration, else nested; or nested, flat."),
     backend: str = typer.Option("local", help="local (worker processes) or ray."),
     workers: Optional[int] = typer.Option(None, help="Jobs at once (local default 1; ray default: the cluster's CPUs / --threads)."),
@@ -132,7 +136,7 @@ def sweep(
     preset, seeds, lr, wd, task, p, epochs = (_joined(v) for v in (preset, seeds, lr, wd, task, p, epochs))
     flags = dict(presets=preset, seeds=seeds, lr=lr, wd=wd, task=task, p=p, epochs=epochs, data_seed=data_seed,
                  frac=frac, eval_every=eval_every, checkpoints=checkpoints, early_stop=early_stop, layout=layout)
-    spec = make_grid(grid, flags, set_)
+    spec = make_grid(grid, flags, set_, fork_from, _joined(steps), schedule)
     result = run_sweep(spec, out, backend=backend, workers=workers, threads=threads, address=address, force=force,
                        progress=not quiet, command=["geolens", *sys.argv[1:]])
     table = Table(title=f"{out}: {len(result.members)} members")
@@ -167,11 +171,12 @@ def fork(
     """Fork a run at a checkpoint into a new run with changed settings (optimizer, readout, attention, norm,
     schedules, norm clamp) and train it on; with no change it continues exactly as the parent did."""
     changes = _overrides(set_, epochs=epochs)
-    if schedule:  # added to the parent's schedule (or to a --set schedule=..., which replaces it)
+    if schedule:  # added to the parent's schedule (or to a --set schedule=..., which replaces it); @+A:+B from --step
+        from geolens.model.hyperschedule import resolve_relative
         from geolens.runs.storage import RunDir
 
         base = changes["schedule"] if "schedule" in changes else RunDir(run).read_header()["config"]["schedule"]
-        changes["schedule"] = [*base, *schedule]
+        changes["schedule"] = [*base, *resolve_relative(schedule, step)]
     from geolens.training.fork import fork as fork_run
 
     result = fork_run(run, step, out, changes, force=force, progress=not quiet)

@@ -96,6 +96,9 @@ def test_ctrl_c_exits_130_and_says_what_is_kept(tmp_path, geolens, monkeypatch):
     (["--task", "add", "--task", "mul"], ["--task", "add,mul"]),
     (["--p", "23", "--p", "29"], ["--p", "23,29"]),
     (["--epochs", "ln=30", "--epochs", "20"], ["--epochs", "ln=30,20"]),
+    (["--fork-from", "parent", "--steps", "50", "--steps", "100"], ["--fork-from", "parent", "--steps", "50,100"]),
+    (["--fork-from", "parent", "--steps", "50", "--set", "lr=1e-3", "--set", "lr=2e-3"],
+     ["--fork-from", "parent", "--steps", "50", "--set", "lr=1e-3,2e-3"]),
 ])
 def test_sweep_list_options_combine_their_repeats(tmp_path, geolens, monkeypatch, repeated, combined):
     """A repeated list option is its comma list: no grid axis is lost (`--preset fb --preset ln` once trained ln alone)."""
@@ -106,8 +109,9 @@ def test_sweep_list_options_combine_their_repeats(tmp_path, geolens, monkeypatch
         raise KeyboardInterrupt
 
     monkeypatch.setattr("geolens.sweeps.sweep.run_sweep", record)
-    base = ["sweep", "--out", tmp_path / "sw", "--quiet", "--set", "d_model=32", "--set", "d_head=8"]
-    base += [] if "--seeds" in repeated else ["--seeds", "1"]
+    base = ["sweep", "--out", tmp_path / "sw", "--quiet"]
+    base += [] if "--fork-from" in repeated else ["--set", "d_model=32", "--set", "d_head=8"]
+    base += [] if "--seeds" in repeated or "--fork-from" in repeated else ["--seeds", "1"]
     base += [] if "--preset" in repeated or "--epochs" not in repeated else ["--preset", "ln,fb"]
     for args in (repeated, combined):
         assert geolens(*base, *args).returncode == 130

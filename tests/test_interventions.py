@@ -239,3 +239,101 @@ def test_batched_members_follow_their_own_schedule(tmp_path):
     assert rows_without_time(tmp_path / "a1") == rows_without_time(tmp_path / "b1")
     with pytest.raises(GeoError, match="tau"):
         train_batched([base.replace(schedule=["tau=3@0:5"]), base], [tmp_path / "c0", tmp_path / "c1"], progress=False)
+
+
+# ---- fork sweeps: arms -----------------------------------------------------------------------------
+TINY_FLAGS = ["--preset", "ln", "--p", "23", "--frac", "0.5", "--set", "d_model=32", "--set", "d_head=8",
+              "--set", "d_mlp=64", "--checkpoints", "every:50", "--eval-every", "10", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def parent_sweep(tmp_path_factory):
+    """Two LayerNorm members (seeds 1, 2; 200 epochs, checkpoints every 50), trained by `geolens sweep`."""
+    from conftest import geolens_process
+
+    out = tmp_path_factory.mktemp("arms") / "parents"
+    proc = geolens_process("sweep", "--seeds", "1-2", "--epochs", "200", *TINY_FLAGS, "--out", out)
+    assert proc.wait() == 0, proc.stderr.read()
+    return out
+
+
+def test_fork_sweep_arms(parent_sweep, tmp_path, geolens, assert_identical_runs):
+    out = tmp_path / "arms"
+    r = geolens("sweep", "--fork-from", parent_sweep, "--steps", "50,100", "--set", "weight_decay=0.3,3", "--out", out,
+                "--quiet")
+    assert r.returncode == 0, r.stderr
+    names = sorted(str(p.parent.relative_to(out)) for p in out.rglob("run.json"))
+    assert names == [f"seed_{s}/step{k}/weight_decay-{wd}" for s in (1, 2) for k in (100, 50) for wd in ("0.3", "3")]
+    for s in (1, 2):
+        for k in (50, 100):
+            for wd in (0.3, 3.0):
+                arm = load_run(out / f"seed_{s}" / f"step{k}" / f"weight_decay-{wd:g}")
+                assert arm.config.weight_decay == wd and arm.config.seed == s and arm.header["status"] == "finished"
+                assert arm.header["fork"]["step"] == k and arm.header["fork"]["parent"] == str((parent_sweep / f"seed_{s}").resolve())
+                assert arm.header["engine"] == "batched-fast" and arm.header["timing"]["members"] >= 2  # stacked
+    again = geolens("sweep", "--fork-from", parent_sweep, "--steps", "50,100", "--set", "weight_decay=0.3,3", "--out",
+                    out, "--quiet")
+    assert again.returncode == 0 and {m["found"] for m in json.loads((out / "sweep.json").read_text())["members"]} == {"done"}
+    # an arm without changes continues exactly as its (stacked) parent did
+    same = tmp_path / "same"
+    assert geolens("sweep", "--fork-from", parent_sweep, "--steps", "100", "--out", same, "--quiet").returncode == 0
+    for s in (1, 2):
+        child = same / f"seed_{s}" / "step100" / "same"
+        header = json.loads((child / "run.json").read_text())
+        assert header.pop("fork")["changes"] == {}
+        (tmp_path / "plain").mkdir(exist_ok=True)
+        plain = tmp_path / "plain" / f"seed_{s}"
+        import shutil
+
+        shutil.copytree(child, plain)
+        (plain / "run.json").write_text(json.dumps(header))
+        assert_identical_runs(parent_sweep / f"seed_{s}", plain)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--steps", "50", "--preset", "fb"], "drop --preset "),
+    (["--steps", "60"], "no checkpoint at epoch 60"),
+    (["--steps", "50", "--set", "d_mlp=32"], "cannot change 'd_mlp'"),
+    (["--steps", "50", "--set", "lr=1e-3,1e-3"], "names 0.001 twice"),
+    (["--steps", "250"], "not after its start 250"),
+    (["--steps", "50", "--seeds", "7"], "selects none of the runs"),
+])
+def test_fork_sweep_refusals(parent_sweep, tmp_path, geolens, args, needle):
+    before = digest(parent_sweep)
+    r = geolens("sweep", "--fork-from", parent_sweep, *args, "--out", tmp_path / "arms", "--quiet")
+    assert r.returncode == 2 and needle in one_line_error(r.stderr)
+    assert digest(parent_sweep) == before and not (tmp_path / "arms").exists()
+
+
+def test_a_killed_fork_sweep_resumes(parent_sweep, tmp_path, assert_identical_runs):
+    """SIGKILL the arm sweep once an arm has trained past its fork step; the rerun finishes every arm as the
+    uninterrupted sweep does, bit for bit."""
+    import signal
+    import time
+
+    from conftest import geolens_process
+
+    args = ["sweep", "--fork-from", parent_sweep, "--steps", "100", "--set", "weight_decay=0.3,3", "--schedule",
+            "lr=1e-3@+0:+50", "--epochs", "1500", "--quiet"]
+    assert geolens_process(*args, "--out", tmp_path / "whole").wait() == 0
+    out = tmp_path / "killed"
+    driver = geolens_process(*args, "--out", out)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and driver.poll() is None:
+        states = [f for f in out.rglob("resume.safetensors") if f.exists()]
+        try:
+            if any(int(load_tensors(f)["epoch"]) >= 300 for f in states):
+                break
+        except Exception:  # a resume state replaced while read
+            pass
+        time.sleep(0.05)
+    assert driver.poll() is None, "the arm sweep ended before it was killed"
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    assert any(json.loads(f.read_text())["status"] != "finished" for f in out.rglob("run.json"))
+    assert geolens_process(*args, "--out", out).wait() == 0
+    for f in (tmp_path / "whole").rglob("run.json"):
+        name = f.parent.relative_to(tmp_path / "whole")
+        assert name.parts[-1] == "weight_decay-0.3_lr1e-3@+0-+50" or name.parts[-1] == "weight_decay-3_lr1e-3@+0-+50"
+        assert_identical_runs(f.parent, out / name)
+        assert load_run(f.parent).config.schedule == ["lr=1e-3@100:150"]

@@ -4,7 +4,8 @@ A run's `schedule` config field is a list of entries (`geolens train/fork --sche
     'weight_decay=3.0@2000:2200'   weight decay 3.0 for the steps taken at epochs [2000, 2200)
     'lr=1e-3@0:500', 'tau=20@1000:1500'   the same for the learning rate and tau
     'lr=warmup:500'                 the lr rises linearly: the step at epoch e uses lr * min(1, (e + 1) / 500)
-Outside its windows a quantity has the config's base value (cfg.lr, cfg.weight_decay, cfg.tau); a
+In a fork (`geolens fork`, `geolens sweep --fork-from`) a window may be given relative to the fork
+step, '@+0:+200' (resolve_relative). Outside its windows a quantity has the config's base value (cfg.lr, cfg.weight_decay, cfg.tau); a
 warmup scales whatever lr applies. "The step at epoch e" is the optimizer step from state e to e + 1;
 tau at epoch e is the temperature of the forward at state e (that step's and that evaluation's).
 Every value is a pure function of the epoch, so a resumed or forked run sees exactly the schedule
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from geolens.errors import GeoError
 
 SCHEDULED = ("lr", "weight_decay", "tau")
+_RELATIVE = re.compile(r"@\+(\d+):\+(\d+)$")
 _WINDOW = re.compile(r"(?P<name>\w+)=(?P<value>[^@]+)@(?P<start>\d+):(?P<end>\d+)")
 _WARMUP = re.compile(r"lr=warmup:(?P<n>\d+)")
 _EXAMPLE = "weight_decay=3.0@2000:2200 or lr=warmup:500"
@@ -72,6 +74,9 @@ def parse_hyper_schedule(entries: list[str]) -> HyperSchedule:
                 raise GeoError(f"schedule '{text}': the warmup needs N >= 1 epochs (e.g. {_EXAMPLE})")
             continue
         m = _WINDOW.fullmatch(text)
+        if m is None and _RELATIVE.search(text):
+            raise GeoError(f"schedule '{text}': a window relative to a fork step (@+A:+B) is for `geolens fork` and "
+                           "`geolens sweep --fork-from`; give absolute epochs here")
         if m is None:
             raise GeoError(f"schedule '{text}' is not NAME=VALUE@START:END or lr=warmup:N (e.g. {_EXAMPLE})")
         if m["name"] not in SCHEDULED:
@@ -93,3 +98,9 @@ def parse_hyper_schedule(entries: list[str]) -> HyperSchedule:
                            "each epoch of a quantity one value")
         windows.append(w)
     return HyperSchedule(tuple(sorted(windows, key=lambda w: (w.name, w.start))), warmup)
+
+
+def resolve_relative(entries: list[str], step: int) -> list[str]:
+    """The entries with windows relative to `step` ('weight_decay=3@+0:+200') made absolute
+    ('weight_decay=3@STEP:STEP+200'); other entries unchanged."""
+    return [_RELATIVE.sub(lambda m: f"@{step + int(m[1])}:{step + int(m[2])}", e.replace(" ", "")) for e in entries]

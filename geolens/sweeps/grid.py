@@ -30,6 +30,7 @@ from typing import Any
 
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig, make_config, parse_override, preset_fields
+from geolens.model.hyperschedule import resolve_relative
 
 SWEEP_RECORD = "sweep.json"
 LAYOUTS = ("auto", "nested", "flat")
@@ -47,6 +48,20 @@ MIN_STACK = 2
 
 # ---- the grid ---------------------------------------------------------------------------------
 @dataclass
+class Arms:
+    """A fork sweep: every parent run (one run, or each run under a sweep folder, optionally only some
+    seeds) forked at every step with every combination of the changed fields' values (axes: field ->
+    values), the schedule entries (windows may be relative to the step) and the shared changes."""
+
+    parent: Path
+    steps: list[int]
+    axes: dict[str, list[Any]]
+    schedule: list[str]
+    shared: dict[str, Any]
+    seeds: list[int] | None = None
+
+
+@dataclass
 class Grid:
     """Axes (None: not given, so the preset's/config's default and no folder level), per-preset
     epochs ({'*': default}), the fields shared by every member, the layout choice, and how many
@@ -63,6 +78,7 @@ class Grid:
     shared: dict[str, Any] = field(default_factory=dict)
     layout: str = "auto"
     file_configs: int = 1
+    arms: Arms | None = None  # a fork sweep (--fork-from): its arms replace the axes above
 
     @property
     def n_configs(self) -> int:
@@ -91,9 +107,17 @@ def load_grid_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, sets: list[str] = ()) -> Grid:
+def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, sets: list[str] = (),
+              fork_from: Path | None = None, steps: str | None = None, schedules: list[str] = ()) -> Grid:
     """The grid of a grid file (optional) and flags (GRID_KEYS -> flag value, None when not given):
-    a given flag replaces the file's key; --set fields are added to the file's [set] table."""
+    a given flag replaces the file's key; --set fields are added to the file's [set] table. With
+    fork_from, the fork sweep of make_arms instead."""
+    if fork_from is not None or steps is not None:
+        if file is not None:
+            raise GeoError("--grid and --fork-from do not combine: a fork sweep takes its configuration from the parents")
+        return Grid(presets=[], seeds=[], arms=make_arms(fork_from, steps, flags or {}, sets, schedules))
+    if schedules:  # every member's schedule
+        sets = [*sets, "schedule=" + ";".join(schedules)]
     keys = load_grid_file(file) if file is not None else {}
     file_axes = {k: _values(keys[k]) for k in ("presets", "lr", "wd", "task", "p") if k in keys}
     file_presets = file_axes.get("presets", []) if (flags or {}).get("epochs") is None else []
@@ -135,6 +159,37 @@ def make_grid(file: Path | None = None, flags: dict[str, Any] | None = None, set
         layout=layout,
         file_configs=_count_configs(*file_axes.values()),
     )
+
+
+#: flags a fork sweep takes (its arms' budget, checkpoints, early stop and which parents' seeds)
+ARM_FLAGS = {"epochs": "epochs", "checkpoints": "checkpoints", "early_stop": "early_stop_after", "seeds": None}
+
+
+def make_arms(fork_from: Path | None, steps: str | None, flags: dict[str, Any], sets: list[str],
+              schedules: list[str]) -> Arms:
+    """The arms of `geolens sweep --fork-from PARENT --steps K,... [--set field=v1,v2 ...] [--schedule ...]`:
+    a --set value list is an axis, and repeated --set of one field add to it."""
+    if fork_from is None or steps is None:
+        raise GeoError("a fork sweep needs both --fork-from RUN_OR_SWEEP and --steps K[,K...]")
+    given = sorted(k for k, v in flags.items() if v is not None and k not in ARM_FLAGS and k != "layout")
+    if given:
+        flag = {"presets": "preset"}.get(given[0], given[0]).replace("_", "-")
+        raise GeoError(f"--fork-from takes its configuration from the parents; drop --{flag} "
+                       "(change a field with --set field=value[,value...])")
+    shared = {ARM_FLAGS[k]: parse_override(f"{ARM_FLAGS[k]}={flags[k]}")[1] for k in ARM_FLAGS
+              if ARM_FLAGS[k] and flags.get(k) is not None}
+    axes: dict[str, list[Any]] = {}
+    for text in sets:
+        name, _, raw = text.partition("=")
+        name = name.strip()
+        values = [parse_override(f"{name}={v}")[1] for v in (raw.split(",") if name != "schedule" else [raw])]
+        axes.setdefault(name, [])
+        for v in values:
+            if v in axes[name]:
+                raise GeoError(f"--set {name} names {v!r} twice; give each value once")
+            axes[name].append(v)
+    return Arms(Path(fork_from), _items(steps, int, "--steps"), axes, list(schedules), shared,
+                parse_seeds(flags["seeds"]) if flags.get("seeds") is not None else None)
 
 
 def _values(value: Any) -> list:
@@ -212,6 +267,7 @@ class Member:
     path: Path
     state: str = "new"
     start: int = 0
+    fork: tuple[Path, int, dict] | None = None  # an arm of a fork sweep: (parent run, step, changes)
 
 
 def number_label(x: float, scientific: bool = False) -> str:
@@ -249,8 +305,10 @@ def resolve_layout(grid: Grid, out: Path) -> str:
 
 
 def expand(grid: Grid, out: Path, layout: str) -> list[Member]:
-    """The members in folder order: task, p, preset, lr, wd, seed. Raises the config's GeoError for a
-    bad combination (e.g. a p that is not prime) before anything runs."""
+    """The members in folder order: task, p, preset, lr, wd, seed (a fork sweep: expand_arms). Raises the
+    config's GeoError for a bad combination (e.g. a p that is not prime) before anything runs."""
+    if grid.arms is not None:
+        return expand_arms(grid.arms, Path(out))
     members = []
     for task in grid.tasks or [None]:
         for p in grid.ps or [None]:
@@ -271,6 +329,53 @@ def expand(grid: Grid, out: Path, layout: str) -> list[Member]:
     return members
 
 
+def expand_arms(arms: Arms, out: Path) -> list[Member]:
+    """The arms of a fork sweep, in folder order OUT/[<parent's folder under the sweep>/]step<K>/<change>,
+    <change> naming every --set field and schedule entry (field-value joined by '_'; 'same' for none).
+    Each arm's config is its parent's with the changes (training.fork.forked_config: refused fields and
+    budgets not past the step fail here, before anything runs)."""
+    from geolens.runs.storage import RunDir
+    from geolens.training.fork import forked_config
+
+    parents = [arms.parent] if (arms.parent / "run.json").exists() else sorted(
+        f.parent for f in arms.parent.rglob("run.json")
+        if not any(part.startswith(".") for part in f.relative_to(arms.parent).parts))
+    if not parents:
+        raise GeoError(f"--fork-from {arms.parent} holds no run (no run.json under it); name a run or a sweep folder")
+    combos = [{}]
+    for name, values in arms.axes.items():
+        combos = [{**c, name: v} for c in combos for v in values]
+    members = []
+    for parent in parents:
+        cfg = GeoConfig.from_dict(RunDir(parent).read_header()["config"])
+        if arms.seeds is not None and cfg.seed not in arms.seeds:
+            continue
+        rel = [] if parent == arms.parent else list(parent.relative_to(arms.parent).parts)
+        for step in arms.steps:
+            for combo in combos:
+                changes = {**arms.shared, **combo}
+                if arms.schedule:
+                    changes["schedule"] = [*combo.get("schedule", cfg.schedule), *resolve_relative(arms.schedule, step)]
+                label = "_".join([*(f"{k}-{_value_label(v)}" for k, v in combo.items()),
+                                  *(_value_label(e) for e in arms.schedule)]) or "same"
+                name = "/".join([*rel, f"step{step}", label])
+                members.append(Member(name, forked_config(cfg, step, changes), out / name, fork=(parent, step, changes)))
+    if not members:
+        raise GeoError(f"--seeds {arms.seeds} selects none of the runs under {arms.parent}")
+    return members
+
+
+def _value_label(value: Any) -> str:
+    """A changed value in a folder name: numbers shortest (number_label), schedule entries without '=' and ':'."""
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return number_label(float(value))
+    if isinstance(value, list):
+        return "+".join(map(_value_label, value))
+    return str(value).replace("=", "").replace(":", "-").replace("/", "-")
+
+
 def inspect_member(member: Member, force: bool = False) -> None:
     """Set member.state/start from its folder (module docstring); a GeoError for a folder that holds
     something else. force: every existing member run is restarted."""
@@ -279,7 +384,7 @@ def inspect_member(member: Member, force: bool = False) -> None:
 
     run = RunDir(member.path)
     if not run.exists():
-        member.state = "new"
+        member.state = "new"  # an arm: prepared (training.fork.prepare_fork) before the jobs are planned
         return
     if not run.run_json.exists():
         raise GeoError(f"member folder {member.path} exists but is not a geolens run (no run.json); move it away "

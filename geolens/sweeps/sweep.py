@@ -432,6 +432,7 @@ def run_sweep(grid: Grid, out: str | Path, backend: str = "local", workers: int 
     members = expand(grid, out, layout)
     for m in members:
         inspect_member(m, force)
+    prepare_arms(members)
     runner = make_backend(backend, workers, threads, address)
     try:
         jobs = plan_jobs(members, runner.workers)
@@ -454,6 +455,18 @@ def run_sweep(grid: Grid, out: str | Path, backend: str = "local", workers: int 
         if hasattr(runner, "close"):
             runner.close()
     return SweepResult(out, members, dict(monitor.status), dict(monitor.errors))
+
+
+def prepare_arms(members: list[Member]) -> None:
+    """Write each new (or restarted) arm of a fork sweep as its parent's fork, paused at its step
+    (training.fork.prepare_fork), so that it is resumed, stacked with the arms of its shape and step."""
+    from geolens.training.fork import prepare_fork
+
+    for m in members:
+        if m.fork is not None and m.state in ("new", "restart"):
+            parent, step, changes = m.fork
+            prepare_fork(parent, step, m.path, changes, force=m.state == "restart")
+            m.state, m.start = "resume", step
 
 
 def member_summary(member: Member, status: str) -> dict[str, Any]:

@@ -137,8 +137,9 @@ def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict |
     new_header = run_header(cfg, engine, why, len(data.train[1]), len(data.test[1]), step, header, device=dev)
     new_header["fork"] = lineage(prun, header, pcfg, cfg, step, mapping)
     new_header["timing"] = {}
-    with NewRunClaim(out, force, "fork") as claim:
-        run = RunDir(claim.path)
+    with NewRunClaim(out, force, "fork") as claim:  # run.json first, the resume state last: a fork killed
+        run = RunDir(claim.path)                        # in between is a run without resume state (retrained)
+        run.write_header(new_header)
         run.ckpt_dir.mkdir(parents=True, exist_ok=True)
         manifest = [e for e in prun.read_manifest() if e["step"] < step]
         for e in manifest:
@@ -155,7 +156,6 @@ def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict |
         run.save_checkpoint(step, state, manifest)
         save_tensors(run.resume_file, {**{f"model.{k}": v for k, v in state.items()}, **opt_now,
                                        "epoch": torch.tensor(step)})
-        run.write_header(new_header)
         claim.started()
     return Path(out)
 
