@@ -337,3 +337,53 @@ def test_a_killed_fork_sweep_resumes(parent_sweep, tmp_path, assert_identical_ru
         assert name.parts[-1] == "weight_decay-0.3_lr1e-3@+0-+50" or name.parts[-1] == "weight_decay-3_lr1e-3@+0-+50"
         assert_identical_runs(f.parent, out / name)
         assert load_run(f.parent).config.schedule == ["lr=1e-3@100:150"]
+
+
+# ---- the dose figure --------------------------------------------------------------------------------
+def test_dose_figure_from_constructed_forks(tmp_path, write_run, step_curve, geolens):
+    """LayerNorm parents (onsets 8,000 and 7,000) and weight-decay pulses forked at 1,000 and 3,000 whose
+    onsets are set: every arm's shift, each change's median line, the parent found by config and folder
+    name although its recorded path is gone (as in results/), and the tables keep forks out of paper rows."""
+    import hashlib
+
+    from geolens.outputs.figures import build_figures, dose_points, fig_fork_dose
+    from geolens.runs.runset import find_runs, group_runs
+
+    root = tmp_path / "interventions"
+    onsets = {1: 8000, 2: 7000}
+    shifts = {("wd3", 1000): {1: -500, 2: 300}, ("wd3", 3000): {1: -2000, 2: -1000}, ("wd0.3", 3000): {1: 400, 2: 600}}
+    for seed, onset in onsets.items():
+        cfg = make_config("ln", seed=seed, data_seed=seed, epochs=12000)
+        write_run(root / "parents" / "ln" / f"seed_{seed}", cfg, step_curve(onset, 12000, every=100))
+        sha = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()
+        for (dose, step), by_seed in shifts.items():
+            wd = 3.0 if dose == "wd3" else 0.3
+            entry = f"weight_decay={wd}@{step}:{step + 200}"
+            path = root / "pulses" / dose / f"step{step}" / f"seed_{seed}"
+            write_run(path, cfg.replace(schedule=[entry]), step_curve(onset + by_seed[seed], 12000, every=100))
+            header = json.loads((path / "run.json").read_text())
+            header["fork"] = {"parent": f"/gone/runs/interventions/parents/ln/seed_{seed}", "step": step,
+                              "parent_identity": {"config_sha256": sha, "checkpoint_sha256": "x"},
+                              "changes": {"schedule": {"from": [], "to": [entry]}}, "mapping": {"added": [], "dropped": []},
+                              "parent_fork": None}
+            (path / "run.json").write_text(json.dumps(header))
+    runs, _ = find_runs(root)
+    points, notes = dose_points(runs)
+    assert notes == []
+    got = {(p.change, p.step, p.seed): p.shift for p in points}
+    assert got == {(f"schedule weight_decay={3.0 if d == 'wd3' else 0.3}@+0:+200", k, s): v
+                   for (d, k), by_seed in shifts.items() for s, v in by_seed.items()}
+    assert {p.panel for p in points} == {"parent ln lr 0.0006 wd 1, add p=113"}
+    spec = fig_fork_dose(points)
+    (panel,) = spec.panels
+    medians = {t.name: dict(zip(t.x, t.y)) for t in panel.traces if t.mode == "lines+markers"}
+    assert medians == {"schedule weight_decay=3.0@+0:+200": {1000: -100, 3000: -1500},
+                       "schedule weight_decay=0.3@+0:+200": {3000: 500}}
+    assert sum(len(t.x) for t in panel.traces if t.mode == "markers") == 6  # every seed a point
+    specs, _ = build_figures(root)
+    assert "fork_dose" in [s.name for s in specs]
+    groups = group_runs(runs)  # forks group apart from their parents and from each other, by step
+    assert len(groups) == 4 and sum(1 for g in groups if g.fork) == 3
+    assert any("forked from ln at 3000" in g.label for g in groups)
+    r = geolens("table", "--runs", root, "--out", tmp_path / "tables")
+    assert r.returncode == 0 and r.stdout.count("a fork is no experiment of the paper") == 3

@@ -104,3 +104,13 @@ def resolve_relative(entries: list[str], step: int) -> list[str]:
     """The entries with windows relative to `step` ('weight_decay=3@+0:+200') made absolute
     ('weight_decay=3@STEP:STEP+200'); other entries unchanged."""
     return [_RELATIVE.sub(lambda m: f"@{step + int(m[1])}:{step + int(m[2])}", e.replace(" ", "")) for e in entries]
+
+
+def relative_to(entries: list[str], step: int) -> list[str]:
+    """The inverse of resolve_relative for windows from `step` on: 'weight_decay=3@3000:3200' at step 3000
+    -> 'weight_decay=3@+0:+200' (so the same pulse at different fork steps reads the same)."""
+    def rel(m: re.Match) -> str:
+        start, end = int(m["start"]), int(m["end"])
+        return f"{m['name']}={m['value']}@+{start - step}:+{end - step}" if start >= step else m[0]
+
+    return [_WINDOW.sub(rel, e.replace(" ", "")) for e in entries]

@@ -10,14 +10,19 @@ Each figure is a plots.FigureSpec built by one function from data that tests can
     onsets             every seed's onset (peak test accuracy for the uniform-attention tables) per
                        configuration, with the paper's mean and range; the same numbers as `geolens table`
     clock_pizza_paths  distance irrelevance vs gradient symmetricity over the checkpoints, one path per configuration
+    fork_dose          forked arms (geolens fork, sweep --fork-from): onset shift against the fork step, one
+                       panel per parent configuration, one colour per change, every seed a point
 The model-based figures (spectrum, FVE, Clock-vs-Pizza) read one run per configuration: the lowest
 seed (RunGroup.representative), or every seed for the paths when asked.
 """
 
 from __future__ import annotations
 
+import hashlib
 import html
+import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -36,9 +41,10 @@ from geolens.outputs.plots import (
     html_page,
     save_static,
 )
+from geolens.model.hyperschedule import relative_to
 from geolens.outputs.tables import BuiltTable, tables_for
 from geolens.runs.run import Run
-from geolens.runs.runset import RunGroup, find_runs, group_runs
+from geolens.runs.runset import RunGroup, config_name, find_runs, group_runs
 from geolens.runs.storage import atomic_write_bytes
 
 ZOOM_EPOCHS = 5000
@@ -288,6 +294,105 @@ def fig_clock_pizza_paths(paths: Sequence[tuple[str, str, list[int], list[float]
 
 
 # ---- all figures ----------------------------------------------------------------------------------
+# ---- forks: onset shift against the fork step ------------------------------------------------------
+#: fork changes that do not change what the arm trains (how long, how often recorded, where)
+_NOT_A_CHANGE = ("epochs", "checkpoints", "early_stop_after", "eval_every", "engine", "device", "preset")
+
+
+@dataclass
+class DosePoint:
+    """One fork arm: its parents' configuration (panel), what it changed, where it forked, the parent's
+    seed, and its onset shift (arm onset_095 minus the parent's, in epochs)."""
+
+    panel: str
+    change: str
+    step: int
+    seed: int
+    shift: int
+
+
+def change_label(fork: dict) -> str:
+    """What a fork changed, in words: 'norm sphere, unembed bounded', schedule entries relative to the
+    fork step ('schedule weight_decay=3.0@+0:+200'); 'no change'."""
+    parts = []
+    for name, ch in fork["changes"].items():
+        if name in _NOT_A_CHANGE:
+            continue
+        if name == "schedule":
+            added = [e for e in ch["to"] if e not in ch["from"]]
+            parts.append("schedule " + " ".join(relative_to(added, fork["step"])))
+        else:
+            parts.append(f"{name} {ch['to']:g}" if isinstance(ch["to"], float) else f"{name} {ch['to']}")
+    return ", ".join(parts) or "no change"
+
+
+def find_parent(fork: dict, runs: Sequence[Run]) -> Run | None:
+    """The parent run of a fork: the recorded path when it is still a run, else the run among `runs` with
+    the parent's config (run.json `fork.parent_identity.config_sha256`) whose path shares the longest tail
+    with the recorded one (records copied to results/ keep their folders' names, not their root)."""
+    recorded = Path(fork["parent"])
+    if (recorded / "run.json").is_file():
+        return next((r for r in runs if r.path.resolve() == recorded), None) or Run(recorded)
+    want = fork["parent_identity"]["config_sha256"]
+
+    def tail(run: Run) -> int:
+        a, b = run.path.resolve().parts[::-1], recorded.parts[::-1]
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    candidates = [r for r in runs if hashlib.sha256(json.dumps(r.config.to_dict(), sort_keys=True).encode()).hexdigest()
+                  == want and r.header.get("fork") is None]
+    return max(candidates, key=tail, default=None)
+
+
+def dose_points(runs: Sequence[Run]) -> tuple[list[DosePoint], list[str]]:
+    """A DosePoint per fork among `runs` whose parent (find_parent) and both onsets are known; notes on
+    the forks left out."""
+    points, missing = [], []
+    for run in runs:
+        fork = run.header.get("fork")
+        if fork is None:
+            continue
+        parent = find_parent(fork, runs)
+        if parent is None:
+            missing.append(f"{run.path} (parent {fork['parent']} not found)")
+            continue
+        onsets = [r.events.get("onset_095") for r in (run, parent)]
+        if None in onsets:
+            missing.append(f"{run.path} ({'its parent has' if onsets[0] is not None else 'it has'} no onset within the budget)")
+            continue
+        cfg = parent.config
+        panel = f"parent {config_name(cfg)} lr {cfg.lr:g} wd {cfg.weight_decay:g}, {cfg.task_label}"
+        points.append(DosePoint(panel, change_label(fork), fork["step"], cfg.seed, onsets[0] - onsets[1]))
+    notes = [f"fork_dose: {len(missing)} fork(s) left out: {'; '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"] \
+        if missing else []
+    return points, notes
+
+
+def fig_fork_dose(points: Sequence[DosePoint]) -> FigureSpec | None:
+    """Onset shift of every fork arm against its fork step: one panel per parent configuration, one colour
+    per change, every seed a point and the median per step a line."""
+    if not points:
+        return None
+    panels = []
+    for panel in sorted({p.panel for p in points}):
+        mine = [p for p in points if p.panel == panel]
+        changes = sorted({p.change for p in mine})
+        traces = []
+        steps = sorted({p.step for p in mine})
+        traces.append(Line([steps[0], steps[-1]], [0, 0], "no shift", color="#999999", dash=True, legend=False))
+        for i, change in enumerate(changes):
+            color = PALETTE[i % len(PALETTE)]
+            arm = sorted((p for p in mine if p.change == change), key=lambda p: (p.step, p.seed))
+            traces.append(Line([p.step for p in arm], [p.shift for p in arm], change, mode="markers", color=color,
+                               text=[f"seed {p.seed}: {p.shift:+,}" for p in arm], legend=False))
+            at = sorted({p.step for p in arm})
+            medians = [statistics.median(p.shift for p in arm if p.step == k) for k in at]
+            traces.append(Line(at, medians, change, mode="lines+markers", color=color))
+        panels.append(Panel(panel, traces, xlabel="fork step (epoch)", ylabel="onset shift (epochs; arm - parent)"))
+    return FigureSpec("fork_dose", "Onset shift of forked arms against the fork step (points: seeds; line: median)",
+                      panels, cols=1, panel_width=8.0)
+
+
 def build_figures(root: str | Path, paper: str | None = None, at: str = "first099", all_seeds: bool = False,
                   log: Callable[[str], None] | None = None) -> tuple[list[FigureSpec], list[str]]:
     """Every figure the runs under `root` support, and notes (runs skipped, figures left out and why).
@@ -322,8 +427,10 @@ def build_figures(root: str | Path, paper: str | None = None, at: str = "first09
             log(f"clock/pizza path: {g.full_label}, seed {run.config.seed} ({len(run.steps)} checkpoints)")
             name = f"{g.full_label}, seed {run.config.seed}"
             paths.append((name, colors[id(g)], *clock_pizza_path(run)))
+    points, dose_notes = dose_points(runs)
+    notes += dose_notes
     specs = [fig_test_accuracy(groups), fig_uniform_attention(groups), fig_onsets(tables),
-             fig_spectrum(snaps, colors, at), fig_fve(snaps, at), fig_clock_pizza_paths(paths)]
+             fig_spectrum(snaps, colors, at), fig_fve(snaps, at), fig_clock_pizza_paths(paths), fig_fork_dose(points)]
     if specs[1] is None:
         notes.append("uniform_attention: no run with uniform attention")
     return [s for s in specs if s is not None], notes

@@ -238,7 +238,7 @@ def build_table(groups: list[RunGroup], table: PaperTable | None) -> BuiltTable:
     unmatched: list[tuple[RunGroup, str]] = []
     rows = table.rows()
     for g in groups:
-        hit, why = table.match(g.config)
+        hit, why = (None, "a fork is no experiment of the paper") if g.fork else table.match(g.config)
         if hit is None:
             unmatched.append((g, why))
         else:

@@ -4,6 +4,7 @@ Any folder holding a run.json is a run, at any depth (`geolens sweep` writes OUT
 sweeps add levels such as OUT/fb/lr6e-4/seed_3). Folder names are never read: runs whose configs
 agree in every field except the bookkeeping ones (seeds, preset name, engine, device, budget,
 evaluation and checkpoint schedule) form one group, one "configuration" of the tables and figures.
+A fork (run.json `fork`) groups only with forks of the same step from parents of one configuration.
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ class RunGroup:
 
     @property
     def name(self) -> str:
-        return config_name(self.config)
+        """config_name, and for forks their lineage: 'fb, forked from ln at 3000'."""
+        lineage = fork_label(self.runs[0]) if self.runs else ""
+        return config_name(self.config) + (f", {lineage}" if lineage else "")
+
+    @property
+    def fork(self) -> dict | None:
+        """The fork record (run.json `fork`) of the group's first run; None for runs trained from scratch."""
+        return self.runs[0].header.get("fork") if self.runs else None
 
     @property
     def variant(self) -> str:
@@ -110,13 +118,34 @@ def group_runs(runs: list[Run]) -> list[RunGroup]:
     groups: dict[str, RunGroup] = {}
     seen: dict[tuple[str, int, int], Run] = {}
     for run in sorted(runs, key=lambda r: (r.config.seed, r.config.data_seed, str(r.path))):
-        key = group_key(run.config)
+        key = group_key(run.config) + lineage_key(run)
         twin = seen.setdefault((key, run.config.seed, run.config.data_seed), run)
         if twin is not run:  # e.g. the same seed through another engine: counting both would double it
             raise GeoError(f"{twin.path} and {run.path} are the same configuration and seed (at most "
                            "their engine, device, budget or folder differ); pass a --runs folder that holds one run per seed")
         groups.setdefault(key, RunGroup(run.config)).runs.append(run)
     return sorted(groups.values(), key=lambda g: g.full_label)
+
+
+def lineage_key(run: Run) -> str:
+    """What makes forks one configuration besides their config: every generation's step and its parent's
+    configuration ('' for a run trained from scratch), so a fork never joins the runs trained as its config."""
+    chain, fork = [], run.header.get("fork")
+    while fork:
+        step = fork["step"]
+        chain.append([step, group_key(run.config_at(step - 1))])
+        fork = fork.get("parent_fork")
+    return json.dumps(chain) if chain else ""
+
+
+def fork_label(run: Run) -> str:
+    """'forked from ln at 3000' (each generation, newest first; '' for a run trained from scratch)."""
+    parts, fork = [], run.header.get("fork")
+    while fork:
+        step = fork["step"]
+        parts.append(f"forked from {config_name(run.config_at(step - 1))} at {step}")
+        fork = fork.get("parent_fork")
+    return ", ".join(parts)
 
 
 def config_name(cfg: GeoConfig) -> str:
