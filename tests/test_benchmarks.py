@@ -57,3 +57,13 @@ def test_bench_grid_runs_a_small_grid(capsys):
     row = next(line.split() for line in out.splitlines() if line.startswith("local:1x1"))
     assert float(row[2]) > 0 and row[3] == "1.00x"  # seed-epochs/s, and the reference's own ratio
     assert "ln = " in out and out.count("Table 1 (lr 6e-4, 60 members") == 2
+
+
+def test_bench_controls_times_the_four_loops_and_applies_the_schedule(capsys):
+    bench = _load("bench_controls")
+    r = bench.bench_preset("ln", p=23, reps=2)
+    assert set(r["med"]) == set(bench.LOOPS) and r["overhead"]["plain"] == 0.0
+    assert all(r["calls"][n] >= 0 for n in bench.LOOPS)
+    assert r["lr"] == pytest.approx(6e-4 * 5 / 100000) and r["tau"] == 20.0  # epoch 4 of the warmup; the tau window
+    bench.main(["--p", "23", "--reps", "2", "--presets", "fb"])
+    assert any(line.startswith("fb ") for line in capsys.readouterr().out.splitlines())
