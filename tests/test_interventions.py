@@ -387,3 +387,13 @@ def test_dose_figure_from_constructed_forks(tmp_path, write_run, step_curve, geo
     assert any("forked from ln at 3000" in g.label for g in groups)
     r = geolens("table", "--runs", root, "--out", tmp_path / "tables")
     assert r.returncode == 0 and r.stdout.count("a fork is no experiment of the paper") == 3
+
+
+def test_load_run_fork(parent, tmp_path):
+    import geolens
+
+    child = geolens.load_run(parent).fork(100, tmp_path / "api", epochs=150, schedule=["weight_decay=4@+0:+20"],
+                                          attention="uniform")
+    assert isinstance(child, geolens.AnalysisRun) and child.steps[-1] == 150
+    assert child.config.schedule == ["weight_decay=4@100:120"] and child.config.attention == "uniform"
+    assert child.header["fork"]["changes"]["epochs"] == {"from": 200, "to": 150}

@@ -5,7 +5,7 @@ progress_measures: Nanda's progress measures and truncated-logit accuracy; clock
 circuit, geometry), the metric set (registry, AnalysisContext), metrics at every checkpoint
 (trajectory), the circuit at one step (probe), a Run with analyze and probe (run_analysis) and the
 shipped reference trajectories (shipped). May import geolens.errors, geolens.model, geolens.runs
-(reading runs); never training, sweeps or outputs.
+(reading runs) and, for Run.fork alone, geolens.training.fork; never sweeps or outputs.
 """
 
 from geolens.analysis.registry import METRICS, AnalysisContext, MetricSpec, compute_metrics, metric_versions

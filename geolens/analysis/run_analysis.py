@@ -1,10 +1,11 @@
-"""`geolens.load_run(path)`: a run with its analysis at hand, `run.analyze(...)` and `run.probe(step)`.
+"""`geolens.load_run(path)`: a run with its analysis at hand, `run.analyze(...)`, `run.probe(step)` and `run.fork(step, out, ...)`.
 
 The layers, each importing only those before it:
     geolens.runs.run         Run: the run directory's data (config, metrics, checkpoints, models, dataset)
     geolens.analysis.trajectory  analyze_run(run, ...): metrics at every checkpoint, cached
     geolens.analysis.probe       probe_run(run, step): the circuit at one checkpoint
-    this module         AnalysisRun: a Run whose analyze and probe call the two above
+    this module         AnalysisRun: a Run whose analyze and probe call the two above, and fork
+                        geolens.training.fork (a layer below)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from geolens.runs.run import Run
 
 
 class AnalysisRun(Run):
-    """A Run (geolens.runs.run) with its analyses as methods."""
+    """A Run (geolens.runs.run) with its analyses, and forking, as methods."""
 
     def probe(self, step: int) -> Probe:
         """The circuit at the checkpoint nearest `step`: a probe.Probe with model, metrics, DLA and
@@ -35,6 +36,23 @@ class AnalysisRun(Run):
         return analyze_run(self, metrics, steps, progress, keys, workers, out)
 
 
+    def fork(self, step: int, out: str | Path, epochs: int | None = None, schedule: list[str] | None = None,
+             force: bool = False, progress: bool = False, **changes) -> "AnalysisRun":
+        """Fork this run at checkpoint `step` into a new run `out` with config `changes` (e.g.
+        norm='sphere', weight_decay=0.0, norm_clamp=40.0), trained to `epochs` (default this run's);
+        schedule entries are added to this run's schedule, windows may be relative to the step
+        ('weight_decay=3@+0:+200'). Without changes the fork continues exactly as this run did
+        (geolens.training.fork). Returns the fork, opened like this run."""
+        from geolens.model.hyperschedule import resolve_relative
+        from geolens.training.fork import fork
+
+        if epochs is not None:
+            changes["epochs"] = epochs
+        if schedule:
+            changes["schedule"] = [*changes.get("schedule", self.config.schedule), *resolve_relative(schedule, step)]
+        return AnalysisRun(fork(self.path, step, out, changes, force=force, progress=progress).path)
+
+
 def load_run(path: str | Path) -> AnalysisRun:
-    """Open a run directory written by `geolens train`, with run.analyze and run.probe."""
+    """Open a run directory written by `geolens train`, with run.analyze, run.probe and run.fork."""
     return AnalysisRun(path)
