@@ -397,3 +397,12 @@ def test_load_run_fork(parent, tmp_path):
     assert isinstance(child, geolens.AnalysisRun) and child.steps[-1] == 150
     assert child.config.schedule == ["weight_decay=4@100:120"] and child.config.attention == "uniform"
     assert child.header["fork"]["changes"]["epochs"] == {"from": 200, "to": 150}
+
+
+def test_the_hooked_engine_follows_a_tau_schedule(tmp_path):
+    """A tau window over the whole run equals tau itself, bit for bit, on the hooked forward too."""
+    small = {**SMALL, "engine": "hooked", "epochs": 60}
+    train(make_config("fb", **{**small, "schedule": ["tau=6@0:100"]}), tmp_path / "window", progress=False)
+    train(make_config("fb", **{**small, "tau": 6.0}), tmp_path / "tau6", progress=False)
+    assert RunDir(tmp_path / "window").read_header()["engine"] == "hooked"
+    assert rows_without_time(tmp_path / "window") == rows_without_time(tmp_path / "tau6")
