@@ -406,3 +406,17 @@ def test_the_hooked_engine_follows_a_tau_schedule(tmp_path):
     train(make_config("fb", **{**small, "tau": 6.0}), tmp_path / "tau6", progress=False)
     assert RunDir(tmp_path / "window").read_header()["engine"] == "hooked"
     assert rows_without_time(tmp_path / "window") == rows_without_time(tmp_path / "tau6")
+
+
+def test_a_fork_before_its_parents_fork_step_starts_from_what_held_there(parent, tmp_path):
+    """A fork's checkpoints before its own fork step are its parent's: forking there continues that
+    topology (LayerNorm at 50 of an LN -> sphere fork at 100), and the changes are counted from it."""
+    fork(parent, 100, tmp_path / "sphere", {"norm": "sphere", "unembed": "bounded"}, progress=False)
+    prepare_fork(tmp_path / "sphere", 50, tmp_path / "again")
+    again = load_run(tmp_path / "again")
+    assert again.config.norm == "layernorm" and again.header["fork"]["changes"] == {}
+    assert again.header["fork"]["parent_fork"]["step"] == 100
+    prepare_fork(tmp_path / "sphere", 50, tmp_path / "rms", {"norm": "rmsnorm"})
+    rms = load_run(tmp_path / "rms")
+    assert rms.header["fork"]["changes"] == {"norm": {"from": "layernorm", "to": "rmsnorm"}}
+    assert set(rms.header["fork"]["mapping"]["dropped"]) == {k for k in LN_PARAMS if k.endswith(".b")}

@@ -4,7 +4,10 @@
 # are single runs (so a fork without changes continues exactly as its parent did); each arm is one
 # `geolens fork`. One torch thread per run. Records (run.json, metrics.csv, events.json; no
 # checkpoints) are copied to results/interventions/ after every run.
-#   bash analyses/interventions/run_cpu.sh [PART ...]   parts: parents rescue sphere_wd pulses uniform reverse
+#   bash analyses/interventions/run_cpu.sh [PART ...]
+# parts: parents rescue sphere_wd rescue_wd1 pulses uniform reverse (default: all, in this order);
+# SEEDS="3 2 1" takes the seeds in another order (two such commands can share the work: a run that
+# the other is training is refused by its lock and left to it).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
@@ -12,7 +15,7 @@ py=${PYTHON:-.venv/bin/python}
 R=runs/interventions
 SEEDS=${SEEDS:-"1 2 3"}
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(parents rescue sphere_wd pulses uniform reverse)
+[ ${#parts[@]} -gt 0 ] || parts=(parents rescue sphere_wd rescue_wd1 pulses uniform reverse)
 status=0
 
 finished() { [ -f "$1/run.json" ] && grep -q '"status": "finished"' "$1/run.json"; }
@@ -50,6 +53,8 @@ for part in "${parts[@]}"; do
             run "$sphere" --preset sphere --seed "$s" --epochs 3000 --checkpoints every:100 "${COMMON[@]}" ;;
         rescue)     # LayerNorm plateau -> the bounded sphere (fb's topology)
             for k in 1000 3000 5000; do arm "$ln" $k "$R/rescue/step$k/seed_$s" "${FB_TOPOLOGY[@]}"; done ;;
+        rescue_wd1) # LayerNorm plateau -> the bounded sphere keeping weight decay 1 (the `sphere` topology)
+            for k in 1000 3000 5000; do arm "$ln" $k "$R/rescue_wd1/step$k/seed_$s" --set norm=sphere --set unembed=bounded; done ;;
         sphere_wd)  # bounded sphere, weight decay 1 -> 0 after 200 epochs (the parent is the wd-1 arm)
             arm "$sphere" 200 "$R/sphere_wd/wd0/seed_$s" --set weight_decay=0.0 ;;
         pulses)     # weight decay 3 or 0.3 for 200 epochs inside the LayerNorm plateau
@@ -60,7 +65,7 @@ for part in "${parts[@]}"; do
             for k in 1000 3000; do arm "$ln" $k "$R/uniform/step$k/seed_$s" --set attention=uniform; done ;;
         reverse)    # fb -> LayerNorm topology early in its (short) plateau
             for k in 300 600; do arm "$fb" $k "$R/reverse/step$k/seed_$s" --epochs 12000 "${LN_TOPOLOGY[@]}"; done ;;
-        *) echo "unknown part $part (parents rescue sphere_wd pulses uniform reverse)"; exit 2 ;;
+        *) echo "unknown part $part (parents rescue sphere_wd rescue_wd1 pulses uniform reverse)"; exit 2 ;;
         esac
     done
 done

@@ -68,15 +68,16 @@ class Run:
                            f"to {steps[-1]}); choose an epoch in that range")
         return min(steps, key=lambda s: (abs(s - step), s))
 
-    def config_at(self, step: int) -> GeoConfig:
+    def config_at(self, step: int, scheduled_tau: bool = True) -> GeoConfig:
         """The config that held at epoch `step`: before a fork's step its parent's (run.json `fork`
-        changes undone, generation by generation), with tau at its scheduled value (model.hyperschedule)."""
+        changes undone, generation by generation), with tau at its scheduled value (model.hyperschedule)
+        unless scheduled_tau is False."""
         values, fork = self.config.to_dict(), self.header.get("fork")
         while fork and step < fork["step"]:
             values.update({k: v["from"] for k, v in fork["changes"].items()})
             fork = fork.get("parent_fork")
         cfg = GeoConfig.from_dict(values)
-        tau = parse_hyper_schedule(cfg.schedule).value("tau", cfg.tau, step)
+        tau = parse_hyper_schedule(cfg.schedule).value("tau", cfg.tau, step) if scheduled_tau else cfg.tau
         return cfg if tau == cfg.tau else cfg.replace(tau=tau)
 
     def model_at(self, step: int) -> GeoTransformer:

@@ -334,7 +334,7 @@ def expand_arms(arms: Arms, out: Path) -> list[Member]:
     <change> naming every --set field and schedule entry (field-value joined by '_'; 'same' for none).
     Each arm's config is its parent's with the changes (training.fork.forked_config: refused fields and
     budgets not past the step fail here, before anything runs)."""
-    from geolens.runs.storage import RunDir
+    from geolens.runs.run import Run
     from geolens.training.fork import forked_config
 
     parents = [arms.parent] if (arms.parent / "run.json").exists() else sorted(
@@ -347,11 +347,12 @@ def expand_arms(arms: Arms, out: Path) -> list[Member]:
         combos = [{**c, name: v} for c in combos for v in values]
     members = []
     for parent in parents:
-        cfg = GeoConfig.from_dict(RunDir(parent).read_header()["config"])
-        if arms.seeds is not None and cfg.seed not in arms.seeds:
+        run = Run(parent)
+        if arms.seeds is not None and run.config.seed not in arms.seeds:
             continue
         rel = [] if parent == arms.parent else list(parent.relative_to(arms.parent).parts)
         for step in arms.steps:
+            cfg = run.config_at(step, scheduled_tau=False)
             for combo in combos:
                 changes = {**arms.shared, **combo}
                 if arms.schedule:

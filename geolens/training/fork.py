@@ -27,6 +27,7 @@ from geolens.model.hyperschedule import parse_hyper_schedule
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
 from geolens.runs.events import onset_events
+from geolens.runs.run import Run
 from geolens.runs.runlock import NewRunClaim
 from geolens.runs.storage import RunDir, atomic_write_json, load_tensors, read_metrics, save_tensors, write_metrics
 from geolens.training.controls import Controls
@@ -48,7 +49,7 @@ FORWARD_FIELDS = ("norm", "unembed", "attention", "tau", "ln_eps", "rms_eps", "s
 
 
 def forked_config(parent: GeoConfig, step: int, changes: dict) -> GeoConfig:
-    """The parent's config with `changes`; a GeoError for a refused field or an epoch budget not past `step`."""
+    """The parent's config (at `step`: Run.config_at) with `changes`; a GeoError for a refused field or an epoch budget not past `step`."""
     for name in changes:
         if name in REFUSED:
             raise GeoError(f"a fork cannot change '{name}': {REFUSED[name]}; train a new run instead")
@@ -104,7 +105,7 @@ def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict |
     an OUT inside the parent is refused before anything is written."""
     prun, changes = RunDir(parent), dict(changes or {})
     header = prun.read_header()
-    pcfg = GeoConfig.from_dict(header["config"])
+    pcfg = Run(prun.path).config_at(step, scheduled_tau=False)  # a fork's parent config before its own fork step
     out = Path(out)
     if out.resolve() == prun.path.resolve() or prun.path.resolve() in out.resolve().parents:
         raise GeoError(f"--out {out} is the parent run or inside it; the parent is never written: choose another --out")
@@ -169,12 +170,13 @@ def fork(parent: str | Path, step: int, out: str | Path, changes: dict | None = 
 
 
 def lineage(prun: RunDir, header: dict, pcfg: GeoConfig, cfg: GeoConfig, step: int, mapping: dict) -> dict:
-    """run.json's `fork` record: the parent (path; identity: hashes of its config and of the checkpoint
-    forked from; its own `fork` record when it is a fork), the step, the changed fields and the mapping."""
+    """run.json's `fork` record: the parent (path; identity: hashes of its run.json config and of the
+    checkpoint forked from; its own `fork` record when it is a fork), the step, the fields changed against
+    pcfg (the parent's config at `step`) and the mapping."""
     old, new = pcfg.to_dict(), cfg.to_dict()
     return {
         "parent": str(prun.path.resolve()),
-        "parent_identity": {"config_sha256": _sha256(json.dumps(old, sort_keys=True).encode()),
+        "parent_identity": {"config_sha256": _sha256(json.dumps(header["config"], sort_keys=True).encode()),
                             "checkpoint_sha256": _sha256(prun.ckpt_path(step).read_bytes())},
         "step": step,
         "changes": {k: {"from": old[k], "to": new[k]} for k in new if new[k] != old[k]},
