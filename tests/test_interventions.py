@@ -420,3 +420,17 @@ def test_a_fork_before_its_parents_fork_step_starts_from_what_held_there(parent,
     rms = load_run(tmp_path / "rms")
     assert rms.header["fork"]["changes"] == {"norm": {"from": "layernorm", "to": "rmsnorm"}}
     assert set(rms.header["fork"]["mapping"]["dropped"]) == {k for k in LN_PARAMS if k.endswith(".b")}
+
+
+def test_a_resumed_scheduled_stack_equals_the_uninterrupted_one(tmp_path, assert_identical_runs):
+    """Stacked members with their own lr / weight-decay windows and a common tau window across the resume point."""
+    from geolens.training.batched import resume_batched
+
+    base = make_config("fb", **SMALL)
+    cfgs = [base.replace(schedule=["weight_decay=4@80:130", "tau=6@90:120"]),
+            base.replace(seed=2, data_seed=2, schedule=["lr=3e-3@95:110", "tau=6@90:120"], norm_clamp=25.0)]
+    train_batched(cfgs, [tmp_path / "whole" / str(i) for i in range(2)], progress=False)
+    train_batched([c.replace(epochs=100) for c in cfgs], [tmp_path / "parts" / str(i) for i in range(2)], progress=False)
+    resume_batched([tmp_path / "parts" / str(i) for i in range(2)], progress=False, min_stack=2, epochs=200)
+    for i in range(2):
+        assert_identical_runs(tmp_path / "whole" / str(i), tmp_path / "parts" / str(i))
