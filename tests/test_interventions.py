@@ -367,10 +367,23 @@ def test_dose_figure_from_constructed_forks(tmp_path, write_run, step_curve, geo
                               "changes": {"schedule": {"from": [], "to": [entry]}}, "mapping": {"added": [], "dropped": []},
                               "parent_fork": None}
             (path / "run.json").write_text(json.dumps(header))
+    # an arm that never groks within its 12,000 epochs: a lower bound, 12,000 - 8,000
+    cfg = make_config("ln", seed=1, data_seed=1, epochs=12000)
+    never = root / "rescue" / "step5000" / "seed_1"
+    write_run(never, cfg.replace(norm="sphere", unembed="bounded", weight_decay=0.0), step_curve(20000, 12000, every=100))
+    header = json.loads((never / "run.json").read_text())
+    header["fork"] = {"parent": str(root / "parents" / "ln" / "seed_1"), "step": 5000,
+                      "parent_identity": {"config_sha256": "not-needed: the recorded path exists", "checkpoint_sha256": "x"},
+                      "changes": {"norm": {"from": "layernorm", "to": "sphere"}, "unembed": {"from": "raw", "to": "bounded"},
+                                  "weight_decay": {"from": 1.0, "to": 0.0}},
+                      "mapping": {"added": [], "dropped": []}, "parent_fork": None}
+    (never / "run.json").write_text(json.dumps(header))
     runs, _ = find_runs(root)
     points, notes = dose_points(runs)
-    assert notes == []
-    got = {(p.change, p.step, p.seed): p.shift for p in points}
+    assert notes == ["fork_dose: 1 arm(s) without an onset within their budget, drawn as lower bounds"]
+    (rescued,) = [p for p in points if p.censored]
+    assert (rescued.change, rescued.step, rescued.shift) == ("norm sphere, unembed bounded, weight_decay 0", 5000, 4000)
+    got = {(p.change, p.step, p.seed): p.shift for p in points if not p.censored}
     assert got == {(f"schedule weight_decay={3.0 if d == 'wd3' else 0.3}@+0:+200", k, s): v
                    for (d, k), by_seed in shifts.items() for s, v in by_seed.items()}
     assert {p.panel for p in points} == {"parent ln lr 0.0006 wd 1, add p=113"}
@@ -378,15 +391,17 @@ def test_dose_figure_from_constructed_forks(tmp_path, write_run, step_curve, geo
     (panel,) = spec.panels
     medians = {t.name: dict(zip(t.x, t.y)) for t in panel.traces if t.mode == "lines+markers"}
     assert medians == {"schedule weight_decay=3.0@+0:+200": {1000: -100, 3000: -1500},
-                       "schedule weight_decay=0.3@+0:+200": {3000: 500}}
-    assert sum(len(t.x) for t in panel.traces if t.mode == "markers") == 6  # every seed a point
+                       "schedule weight_decay=0.3@+0:+200": {3000: 500}}  # none for the censored arm
+    assert sum(len(t.x) for t in panel.traces if t.mode == "markers") == 7  # every seed a point
+    (bound,) = [t for t in panel.traces if t.marker == "start"]
+    assert (list(bound.x), list(bound.y)) == ([5000], [4000]) and "lower bound" in bound.name
     specs, _ = build_figures(root)
     assert "fork_dose" in [s.name for s in specs]
     groups = group_runs(runs)  # forks group apart from their parents and from each other, by step
-    assert len(groups) == 4 and sum(1 for g in groups if g.fork) == 3
+    assert len(groups) == 5 and sum(1 for g in groups if g.fork) == 4
     assert any("forked from ln at 3000" in g.label for g in groups)
     r = geolens("table", "--runs", root, "--out", tmp_path / "tables")
-    assert r.returncode == 0 and r.stdout.count("a fork is no experiment of the paper") == 3
+    assert r.returncode == 0 and r.stdout.count("a fork is no experiment of the paper") == 4
 
 
 def test_load_run_fork(parent, tmp_path):

@@ -3,7 +3,8 @@
 # resumable: a finished run is skipped, an unfinished one continues from its last checkpoint. Parents
 # are single runs (so a fork without changes continues exactly as its parent did); each arm is one
 # `geolens fork`. One torch thread per run. Records (run.json, metrics.csv, events.json; no
-# checkpoints) are copied to results/interventions/ after every run.
+# checkpoints) are copied to results/interventions/ after every run; at the end figures.sh rebuilds
+# the tables and the figure of docs/interventions.md from them.
 #   bash analyses/interventions/run_cpu.sh [PART ...]
 # parts: parents rescue sphere_wd rescue_wd1 pulses uniform reverse (default: all, in this order);
 # SEEDS="3 2 1" takes the seeds in another order (two such commands can share the work: a run that
@@ -69,4 +70,5 @@ for part in "${parts[@]}"; do
         esac
     done
 done
+bash analyses/interventions/figures.sh || status=1   # the doc's tables and figure, from results/
 exit $status

@@ -302,13 +302,15 @@ _NOT_A_CHANGE = ("epochs", "checkpoints", "early_stop_after", "eval_every", "eng
 @dataclass
 class DosePoint:
     """One fork arm: its parents' configuration (panel), what it changed, where it forked, the parent's
-    seed, and its onset shift (arm onset_095 minus the parent's, in epochs)."""
+    seed, and its onset shift (arm onset_095 minus the parent's, in epochs); censored: the arm has no
+    onset within its budget, and shift is the lower bound (its last epoch minus the parent's onset)."""
 
     panel: str
     change: str
     step: int
     seed: int
     shift: int
+    censored: bool = False
 
 
 def change_label(fork: dict) -> str:
@@ -356,21 +358,26 @@ def dose_points(runs: Sequence[Run]) -> tuple[list[DosePoint], list[str]]:
         if parent is None:
             missing.append(f"{run.path} (parent {fork['parent']} not found)")
             continue
-        onsets = [r.events.get("onset_095") for r in (run, parent)]
-        if None in onsets:
-            missing.append(f"{run.path} ({'its parent has' if onsets[0] is not None else 'it has'} no onset within the budget)")
+        arm_onset, parent_onset = (r.events.get("onset_095") for r in (run, parent))
+        if parent_onset is None:
+            missing.append(f"{run.path} (its parent has no onset within its budget)")
             continue
         cfg = parent.config
         panel = f"parent {config_name(cfg)} lr {cfg.lr:g} wd {cfg.weight_decay:g}, {cfg.task_label}"
-        points.append(DosePoint(panel, change_label(fork), fork["step"], cfg.seed, onsets[0] - onsets[1]))
-    notes = [f"fork_dose: {len(missing)} fork(s) left out: {'; '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"] \
+        end = arm_onset if arm_onset is not None else run.metrics[-1]["epoch"]
+        points.append(DosePoint(panel, change_label(fork), fork["step"], cfg.seed, end - parent_onset,
+                                censored=arm_onset is None))
+    censored = sum(p.censored for p in points)
+    notes = [f"fork_dose: {censored} arm(s) without an onset within their budget, drawn as lower bounds"] if censored else []
+    notes += [f"fork_dose: {len(missing)} fork(s) left out: {'; '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"] \
         if missing else []
     return points, notes
 
 
 def fig_fork_dose(points: Sequence[DosePoint]) -> FigureSpec | None:
     """Onset shift of every fork arm against its fork step: one panel per parent configuration, one colour
-    per change, every seed a point and the median per step a line."""
+    per change, every seed a point (an open circle: no onset within the arm's budget, drawn at its lower
+    bound) and the median per step a line (over the steps where every seed has an onset)."""
     if not points:
         return None
     panels = []
@@ -383,11 +390,18 @@ def fig_fork_dose(points: Sequence[DosePoint]) -> FigureSpec | None:
         for i, change in enumerate(changes):
             color = PALETTE[i % len(PALETTE)]
             arm = sorted((p for p in mine if p.change == change), key=lambda p: (p.step, p.seed))
-            traces.append(Line([p.step for p in arm], [p.shift for p in arm], change, mode="markers", color=color,
-                               text=[f"seed {p.seed}: {p.shift:+,}" for p in arm], legend=False))
-            at = sorted({p.step for p in arm})
-            medians = [statistics.median(p.shift for p in arm if p.step == k) for k in at]
-            traces.append(Line(at, medians, change, mode="lines+markers", color=color))
+            for censored in (False, True):
+                pts = [p for p in arm if p.censored == censored]
+                if pts:
+                    traces.append(Line([p.step for p in pts], [p.shift for p in pts],
+                                       f"{change}: no onset by the budget (lower bound)" if censored else change,
+                                       mode="markers", color=color, marker="start" if censored else "dot",
+                                       text=[f"seed {p.seed}: {'>= ' if censored else ''}{p.shift:+,}" for p in pts],
+                                       legend=censored))
+            at = [k for k in sorted({p.step for p in arm}) if not any(p.censored for p in arm if p.step == k)]
+            if at:
+                medians = [statistics.median(p.shift for p in arm if p.step == k) for k in at]
+                traces.append(Line(at, medians, change, mode="lines+markers", color=color))
         panels.append(Panel(panel, traces, xlabel="fork step (epoch)", ylabel="onset shift (epochs; arm - parent)"))
     return FigureSpec("fork_dose", "Onset shift of forked arms against the fork step (points: seeds; line: median)",
                       panels, cols=1, panel_width=8.0)
