@@ -271,6 +271,7 @@ def test_fork_sweep_arms(parent_sweep, tmp_path, geolens, assert_identical_runs)
                 assert arm.config.weight_decay == wd and arm.config.seed == s and arm.header["status"] == "finished"
                 assert arm.header["fork"]["step"] == k and arm.header["fork"]["parent"] == str((parent_sweep / f"seed_{s}").resolve())
                 assert arm.header["engine"] == "batched-fast" and arm.header["timing"]["members"] >= 2  # stacked
+    assert {m["found"] for m in json.loads((out / "sweep.json").read_text())["members"]} == {"fork"}
     again = geolens("sweep", "--fork-from", parent_sweep, "--steps", "50,100", "--set", "weight_decay=0.3,3", "--out",
                     out, "--quiet")
     assert again.returncode == 0 and {m["found"] for m in json.loads((out / "sweep.json").read_text())["members"]} == {"done"}
@@ -297,12 +298,21 @@ def test_fork_sweep_arms(parent_sweep, tmp_path, geolens, assert_identical_runs)
     (["--steps", "50", "--set", "lr=1e-3,1e-3"], "names 0.001 twice"),
     (["--steps", "250"], "not after its start 250"),
     (["--steps", "50", "--seeds", "7"], "selects none of the runs"),
+    (["--steps", "50", "--grid", "g.toml"], "--grid and --fork-from do not combine"),
+    (["--steps", "50", "--lr", "1e-3"], "drop --lr"),
 ])
 def test_fork_sweep_refusals(parent_sweep, tmp_path, geolens, args, needle):
     before = digest(parent_sweep)
     r = geolens("sweep", "--fork-from", parent_sweep, *args, "--out", tmp_path / "arms", "--quiet")
     assert r.returncode == 2 and needle in one_line_error(r.stderr)
     assert digest(parent_sweep) == before and not (tmp_path / "arms").exists()
+
+
+def test_a_fork_sweep_into_its_parents_folder_is_refused(parent_sweep, geolens):
+    before = digest(parent_sweep)
+    r = geolens("sweep", "--fork-from", parent_sweep, "--steps", "50", "--out", parent_sweep / "arms", "--quiet")
+    assert r.returncode == 2 and "is inside --fork-from" in one_line_error(r.stderr)
+    assert digest(parent_sweep) == before
 
 
 def test_a_killed_fork_sweep_resumes(parent_sweep, tmp_path, assert_identical_runs):

@@ -268,6 +268,7 @@ class Member:
     state: str = "new"
     start: int = 0
     fork: tuple[Path, int, dict] | None = None  # an arm of a fork sweep: (parent run, step, changes)
+    prepared: bool = False  # an arm this sweep wrote as a fork (then resumed from its step)
 
 
 def number_label(x: float, scientific: bool = False) -> str:
@@ -337,6 +338,9 @@ def expand_arms(arms: Arms, out: Path) -> list[Member]:
     from geolens.runs.run import Run
     from geolens.training.fork import forked_config
 
+    if out.resolve() == arms.parent.resolve() or arms.parent.resolve() in out.resolve().parents:
+        raise GeoError(f"--out {out} is inside --fork-from {arms.parent}; the parents are never written (and arms would "
+                       "become parents): choose an --out outside it")
     parents = [arms.parent] if (arms.parent / "run.json").exists() else sorted(
         f.parent for f in arms.parent.rglob("run.json")
         if not any(part.startswith(".") for part in f.relative_to(arms.parent).parts))

@@ -395,7 +395,7 @@ class SweepMonitor:
         """OUT/sweep.json: this sweep's command and members, then the last recorded entry of every member
         of other sweeps into OUT (another --preset or --seeds, another node's share), under a lock so
         that sweeps running at once keep each other's members."""
-        members = [{"name": m.name, "seed": m.cfg.seed, "found": m.state, "start_epoch": m.start,
+        members = [{"name": m.name, "seed": m.cfg.seed, "found": "fork" if m.prepared else m.state, "start_epoch": m.start,
                     "status": self.status[m.name], **({"error": self.errors[m.name],
                                                          "traceback": self.tracebacks[m.name]}
                                                         if m.name in self.errors else {})}
@@ -466,7 +466,7 @@ def prepare_arms(members: list[Member]) -> None:
         if m.fork is not None and m.state in ("new", "restart"):
             parent, step, changes = m.fork
             prepare_fork(parent, step, m.path, changes, force=m.state == "restart")
-            m.state, m.start = "resume", step
+            m.state, m.start, m.prepared = "resume", step, True
 
 
 def member_summary(member: Member, status: str) -> dict[str, Any]:
