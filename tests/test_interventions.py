@@ -459,3 +459,17 @@ def test_a_resumed_scheduled_stack_equals_the_uninterrupted_one(tmp_path, assert
     resume_batched([tmp_path / "parts" / str(i) for i in range(2)], progress=False, min_stack=2, epochs=200)
     for i in range(2):
         assert_identical_runs(tmp_path / "whole" / str(i), tmp_path / "parts" / str(i))
+
+
+def test_a_switched_fork_is_analysed_with_the_topology_of_each_step(parent, tmp_path):
+    """Before the switch the analysis reads the parent's LayerNorm model, after it the bounded sphere (tau 2):
+    its losses equal those recorded while training at every checkpoint, and probe uses each step's config."""
+    fork(parent, 100, tmp_path / "sw", {"norm": "sphere", "unembed": "bounded", "tau": 2.0}, progress=False)
+    run = load_run(tmp_path / "sw")
+    traj = run.analyze(metrics=["loss"])
+    recorded = {r["epoch"]: r["test_loss"] for r in run.metrics}
+    for step in run.steps:
+        assert traj.values[step]["loss"]["loss_test"] == pytest.approx(recorded[step], rel=1e-4, abs=1e-5), step
+    for step, norm in ((50, "layernorm"), (150, "sphere")):
+        probe = run.probe(step)
+        assert probe.model.cfg.norm == norm and probe.context.cfg.norm == norm

@@ -101,7 +101,7 @@ def probe_run(run, step: int) -> Probe:
 
     nearest = run.nearest_step(step)
     model = run.model_at(nearest)
-    ctx = AnalysisContext(model, run.config, run.dataset)
+    ctx = AnalysisContext(model, model.cfg, run.dataset)  # the config that held at that step (Run.config_at)
     metrics, skipped = compute_metrics(context=ctx, num_threads=1)
     return Probe(step, nearest, model, ctx, metrics, skipped, ctx.dla)
 

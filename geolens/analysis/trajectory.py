@@ -143,7 +143,7 @@ def resolve_keys(run: Run, keys: str | list[int] | None) -> list[int] | None:
         raise GeoError("key frequencies need a cyclic group Z_p; task perm has none: drop --keys")
     if keys == "final":
         last = select_steps(run, None)[-1]
-        return [int(k) for k in AnalysisContext(run.model_at(last), run.config, run.dataset).key_freqs]
+        return [int(k) for k in AnalysisContext(run.model_at(last), run.config_at(last), run.dataset).key_freqs]
     if isinstance(keys, str):
         raise GeoError(f"unknown key choice {keys!r}: use 'auto', 'final' or a list of frequencies")
     n = cyclic_frame(run.config).n
@@ -156,7 +156,7 @@ def resolve_keys(run: Run, keys: str | list[int] | None) -> list[int] | None:
 def _metrics_at(run: Run, step: int, names: list[str], pinned: list[int] | None):
     from geolens.analysis import compute_metrics
 
-    return compute_metrics(run.model_at(step), run.config, run.dataset, names=names, key_freqs=pinned, num_threads=1)
+    return compute_metrics(run.model_at(step), run.config_at(step), run.dataset, names=names, key_freqs=pinned, num_threads=1)
 
 
 _WORKER_RUNS: dict[str, Run] = {}  # per worker process: the run, loaded once

@@ -5,8 +5,8 @@ A run's `schedule` config field is a list of entries (`geolens train/fork --sche
     'lr=1e-3@0:500', 'tau=20@1000:1500'   the same for the learning rate and tau
     'lr=warmup:500'                 the lr rises linearly: the step at epoch e uses lr * min(1, (e + 1) / 500)
 In a fork (`geolens fork`, `geolens sweep --fork-from`) a window may be given relative to the fork
-step, '@+0:+200' (resolve_relative). Outside its windows a quantity has the config's base value (cfg.lr, cfg.weight_decay, cfg.tau); a
-warmup scales whatever lr applies. "The step at epoch e" is the optimizer step from state e to e + 1;
+step, '@+0:+200' (resolve_relative). Outside its windows a quantity has the config's base value
+(cfg.lr, cfg.weight_decay, cfg.tau); a warmup scales whatever lr applies. "The step at epoch e" is the optimizer step from state e to e + 1;
 tau at epoch e is the temperature of the forward at state e (that step's and that evaluation's).
 Every value is a pure function of the epoch, so a resumed or forked run sees exactly the schedule
 an uninterrupted one does.
@@ -39,6 +39,8 @@ class Window:
 
 @dataclass(frozen=True)
 class HyperSchedule:
+    """A parsed `schedule`: its windows and the lr warmup."""
+
     windows: tuple[Window, ...]
     warmup: int  # epochs of linear lr warmup (0: none)
 
@@ -48,16 +50,6 @@ class HyperSchedule:
         if name == "lr" and epoch < self.warmup:
             out *= (epoch + 1) / self.warmup
         return out
-
-    def touches(self, name: str) -> bool:
-        """Whether the schedule ever changes `name` from its base value."""
-        return any(w.name == name for w in self.windows) or (name == "lr" and self.warmup > 0)
-
-    def changes_between(self, name: str, start: int, end: int) -> bool:
-        """Whether `name` differs from its base value at some epoch in [start, end)."""
-        if name == "lr" and self.warmup > start:
-            return True
-        return any(w.name == name and w.start < end and start < w.end for w in self.windows)
 
 
 def parse_hyper_schedule(entries: list[str]) -> HyperSchedule:

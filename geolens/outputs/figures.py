@@ -199,7 +199,7 @@ def run_snapshot(run: Run, at: str | int = "first099", group: RunGroup | None = 
 
     group = group or RunGroup(run.config, [run])
     step = analysis_step(run, at)
-    ctx = AnalysisContext(run.model_at(step), run.config, run.dataset)  # one forward for the FVE and the loss
+    ctx = AnalysisContext(run.model_at(step), run.config_at(step), run.dataset)  # one forward for the FVE and the loss
     with torch.no_grad():
         shares = wl_energy_shares(ctx.W_L_group)
     rows, _ = compute_metrics(context=ctx, names=["keyfreq_wl_fft", "fve_paper", "loss"])
@@ -266,7 +266,7 @@ def clock_pizza_path(run: Run) -> tuple[list[int], list[float], list[float]]:
     for step in run.steps:
         vals = cached_metrics(run, step, PATH_METRICS)
         if len(vals) < len(PATH_METRICS):
-            vals, _ = compute_metrics(run.model_at(step), run.config, run.dataset, names=PATH_METRICS)
+            vals, _ = compute_metrics(run.model_at(step), run.config_at(step), run.dataset, names=PATH_METRICS)
         steps.append(step)
         dist.append(vals["distance_irrelevance"]["distance_irrelevance"])
         sym.append(vals["grad_symmetricity"]["grad_symmetricity"])

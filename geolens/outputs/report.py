@@ -106,7 +106,7 @@ def step_contexts(traj: Trajectory, steps: list[int]) -> dict:
     from geolens.analysis import AnalysisContext
 
     run = traj.run
-    return {step: AnalysisContext(run.model_at(step), run.config, run.dataset) for step in steps}
+    return {step: AnalysisContext(run.model_at(step), run.config_at(step), run.dataset) for step in steps}
 
 
 def fig_circles(traj: Trajectory, contexts: dict) -> FigureSpec | None:
