@@ -243,7 +243,7 @@ def test_batched_members_follow_their_own_schedule(tmp_path):
 
 # ---- fork sweeps: arms -----------------------------------------------------------------------------
 TINY_FLAGS = ["--preset", "ln", "--p", "23", "--frac", "0.5", "--set", "d_model=32", "--set", "d_head=8",
-              "--set", "d_mlp=64", "--checkpoints", "every:50", "--eval-every", "10", "--quiet"]
+              "--set", "d_mlp=64", "--checkpoints", "every:50", "--eval-every", "10", "--quiet", "--threads", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +260,7 @@ def parent_sweep(tmp_path_factory):
 def test_fork_sweep_arms(parent_sweep, tmp_path, geolens, assert_identical_runs):
     out = tmp_path / "arms"
     r = geolens("sweep", "--fork-from", parent_sweep, "--steps", "50,100", "--set", "weight_decay=0.3,3", "--out", out,
-                "--quiet")
+                "--quiet", "--threads", "1")
     assert r.returncode == 0, r.stderr
     names = sorted(str(p.parent.relative_to(out)) for p in out.rglob("run.json"))
     assert names == [f"seed_{s}/step{k}/weight_decay-{wd}" for s in (1, 2) for k in (100, 50) for wd in ("0.3", "3")]
@@ -273,11 +273,12 @@ def test_fork_sweep_arms(parent_sweep, tmp_path, geolens, assert_identical_runs)
                 assert arm.header["engine"] == "batched-fast" and arm.header["timing"]["members"] >= 2  # stacked
     assert {m["found"] for m in json.loads((out / "sweep.json").read_text())["members"]} == {"fork"}
     again = geolens("sweep", "--fork-from", parent_sweep, "--steps", "50,100", "--set", "weight_decay=0.3,3", "--out",
-                    out, "--quiet")
+                    out, "--quiet", "--threads", "1")
     assert again.returncode == 0 and {m["found"] for m in json.loads((out / "sweep.json").read_text())["members"]} == {"done"}
     # an arm without changes continues exactly as its (stacked) parent did
     same = tmp_path / "same"
-    assert geolens("sweep", "--fork-from", parent_sweep, "--steps", "100", "--out", same, "--quiet").returncode == 0
+    r = geolens("sweep", "--fork-from", parent_sweep, "--steps", "100", "--out", same, "--quiet", "--threads", "1")
+    assert r.returncode == 0, r.stderr
     for s in (1, 2):
         child = same / f"seed_{s}" / "step100" / "same"
         header = json.loads((child / "run.json").read_text())
@@ -324,7 +325,7 @@ def test_a_killed_fork_sweep_resumes(parent_sweep, tmp_path, assert_identical_ru
     from conftest import geolens_process
 
     args = ["sweep", "--fork-from", parent_sweep, "--steps", "100", "--set", "weight_decay=0.3,3", "--schedule",
-            "lr=1e-3@+0:+50", "--epochs", "1500", "--quiet"]
+            "lr=1e-3@+0:+50", "--epochs", "800", "--quiet", "--threads", "1"]
     assert geolens_process(*args, "--out", tmp_path / "whole").wait() == 0
     out = tmp_path / "killed"
     driver = geolens_process(*args, "--out", out)
