@@ -6,7 +6,7 @@
 # checkpoints) are copied to results/interventions/ after every run; at the end figures.sh rebuilds
 # the tables and the figure of docs/interventions.md from them.
 #   bash analyses/interventions/run_cpu.sh [PART ...]
-# parts: parents rescue sphere_wd rescue_wd1 pulses uniform reverse (default: all, in this order);
+# parts: parents rescue sphere_wd rescue_wd1 pulses uniform reverse chaos (default: all, in this order);
 # SEEDS="3 2 1" takes the seeds in another order (two such commands can share the work: a run that
 # the other is training is refused by its lock and left to it).
 set -uo pipefail
@@ -16,7 +16,7 @@ py=${PYTHON:-.venv/bin/python}
 R=runs/interventions
 SEEDS=${SEEDS:-"1 2 3"}
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(parents rescue sphere_wd rescue_wd1 pulses uniform reverse)
+[ ${#parts[@]} -gt 0 ] || parts=(parents rescue sphere_wd rescue_wd1 pulses uniform reverse chaos)
 status=0
 
 finished() { [ -f "$1/run.json" ] && grep -q '"status": "finished"' "$1/run.json"; }
@@ -66,7 +66,10 @@ for part in "${parts[@]}"; do
             for k in 1000 3000; do arm "$ln" $k "$R/uniform/step$k/seed_$s" --set attention=uniform; done ;;
         reverse)    # fb -> LayerNorm topology early in its (short) plateau
             for k in 300 600; do arm "$fb" $k "$R/reverse/step$k/seed_$s" --epochs 12000 "${LN_TOPOLOGY[@]}"; done ;;
-        *) echo "unknown part $part (parents rescue sphere_wd rescue_wd1 pulses uniform reverse)"; exit 2 ;;
+        chaos)      # controls: a 1% change, to measure how far a negligible perturbation moves the onset
+            arm "$sphere" 200 "$R/chaos/sphere_wd0.99/seed_$s" --set weight_decay=0.99
+            arm "$ln" 3000 "$R/chaos/ln_pulse1.01/seed_$s" --schedule "weight_decay=1.01@+0:+200" ;;
+        *) echo "unknown part $part (parents rescue sphere_wd rescue_wd1 pulses uniform reverse chaos)"; exit 2 ;;
         esac
     done
 done
