@@ -351,23 +351,21 @@ def test_a_killed_fork_sweep_resumes(parent_sweep, tmp_path, assert_identical_ru
 
 
 # ---- the dose figure --------------------------------------------------------------------------------
-def test_dose_figure_from_constructed_forks(tmp_path, write_run, step_curve, geolens):
-    """LayerNorm parents (onsets 8,000 and 7,000) and weight-decay pulses forked at 1,000 and 3,000 whose
-    onsets are set: every arm's shift, each change's median line, the parent found by config and folder
-    name although its recorded path is gone (as in results/), and the tables keep forks out of paper rows."""
+PULSE_SHIFTS = {("wd3", 1000): {1: -500, 2: 300}, ("wd3", 3000): {1: -2000, 2: -1000}, ("wd0.3", 3000): {1: 400, 2: 600}}
+
+
+def constructed_interventions(root, write_run, step_curve):
+    """Records as results/interventions holds them (no checkpoints): LayerNorm parents with onsets 8,000
+    (seed 1) and 7,000 (seed 2); weight-decay pulses forked at 1,000 and 3,000 with the shifts of
+    PULSE_SHIFTS, whose recorded parent path is gone; a sphere arm forked at 5,000 that never groks
+    (its test accuracy peaks at 0.5) and whose parent path exists."""
     import hashlib
 
-    from geolens.outputs.figures import build_figures, dose_points, fig_fork_dose
-    from geolens.runs.runset import find_runs, group_runs
-
-    root = tmp_path / "interventions"
-    onsets = {1: 8000, 2: 7000}
-    shifts = {("wd3", 1000): {1: -500, 2: 300}, ("wd3", 3000): {1: -2000, 2: -1000}, ("wd0.3", 3000): {1: 400, 2: 600}}
-    for seed, onset in onsets.items():
+    for seed, onset in {1: 8000, 2: 7000}.items():
         cfg = make_config("ln", seed=seed, data_seed=seed, epochs=12000)
         write_run(root / "parents" / "ln" / f"seed_{seed}", cfg, step_curve(onset, 12000, every=100))
         sha = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()
-        for (dose, step), by_seed in shifts.items():
+        for (dose, step), by_seed in PULSE_SHIFTS.items():
             wd = 3.0 if dose == "wd3" else 0.3
             entry = f"weight_decay={wd}@{step}:{step + 200}"
             path = root / "pulses" / dose / f"step{step}" / f"seed_{seed}"
@@ -378,7 +376,6 @@ def test_dose_figure_from_constructed_forks(tmp_path, write_run, step_curve, geo
                               "changes": {"schedule": {"from": [], "to": [entry]}}, "mapping": {"added": [], "dropped": []},
                               "parent_fork": None}
             (path / "run.json").write_text(json.dumps(header))
-    # an arm that never groks within its 12,000 epochs: a lower bound, 12,000 - 8,000
     cfg = make_config("ln", seed=1, data_seed=1, epochs=12000)
     never = root / "rescue" / "step5000" / "seed_1"
     write_run(never, cfg.replace(norm="sphere", unembed="bounded", weight_decay=0.0), step_curve(20000, 12000, every=100))
@@ -389,6 +386,18 @@ def test_dose_figure_from_constructed_forks(tmp_path, write_run, step_curve, geo
                                   "weight_decay": {"from": 1.0, "to": 0.0}},
                       "mapping": {"added": [], "dropped": []}, "parent_fork": None}
     (never / "run.json").write_text(json.dumps(header))
+    return root
+
+
+def test_dose_figure_from_constructed_forks(tmp_path, write_run, step_curve, geolens):
+    """Every arm's shift, each change's median line, a lower bound for the arm without an onset, the parent
+    found by config and folder name although its recorded path is gone (as in results/), and the tables
+    keep forks out of paper rows."""
+    from geolens.outputs.figures import build_figures, dose_points, fig_fork_dose
+    from geolens.runs.runset import find_runs, group_runs
+
+    root = constructed_interventions(tmp_path / "interventions", write_run, step_curve)
+    shifts = PULSE_SHIFTS
     runs, _ = find_runs(root)
     points, notes = dose_points(runs)
     assert notes == ["fork_dose: 1 arm(s) without an onset within their budget, drawn as lower bounds"]
@@ -474,3 +483,31 @@ def test_a_switched_fork_is_analysed_with_the_topology_of_each_step(parent, tmp_
     for step, norm in ((50, "layernorm"), (150, "sphere")):
         probe = run.probe(step)
         assert probe.model.cfg.norm == norm and probe.context.cfg.norm == norm
+
+
+def test_the_interventions_tables(tmp_path, write_run, step_curve):
+    """analyses/interventions/summarize.py on constructed records: every cell from the known onsets, and
+    docs/interventions.md shows the tables that results/interventions holds."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("summarize", REPO / "analyses" / "interventions" / "summarize.py")
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    tables = summarize.summarize(constructed_interventions(tmp_path / "interventions", write_run, step_curve))
+    assert list(tables) == ["parents", "pulses", "rescue"]
+    assert "| ln wd 1 | 1 | 8,000 |" in tables["parents"] and "| ln wd 1 | 2 | 7,000 |" in tables["parents"]
+    pulses = tables["pulses"].splitlines()
+    assert pulses[2] == ("| ln | schedule weight_decay=0.3@+0:+200 | 3,000 | 8,400 / 5,400 / +400 (8,000) | "
+                         "7,600 / 4,600 / +600 (7,000) | +500 | 2/2 |")
+    assert pulses[3] == ("| ln | schedule weight_decay=3.0@+0:+200 | 1,000 | 7,500 / 6,500 / -500 (8,000) | "
+                         "7,300 / 6,300 / +300 (7,000) | -100 | 2/2 |")
+    assert tables["rescue"].splitlines()[2] == ("| ln | norm sphere, unembed bounded, weight_decay 0 | 5,000 | none by "
+                                                "12,000, peak test acc 0.50 (8,000) | - | 0/1 |")
+    embed_spec = importlib.util.spec_from_file_location("embed", REPO / "analyses" / "reproduction" / "embed_tables.py")
+    embed = importlib.util.module_from_spec(embed_spec)
+    embed_spec.loader.exec_module(embed)
+    doc = (REPO / "docs" / "interventions.md").read_text()
+    refreshed, count = embed.embed(doc)
+    assert count == 8 and refreshed == doc  # the doc's tables are those of results/interventions/tables
