@@ -1,4 +1,4 @@
-"""The `geolens` command line: train, fork, sweep, info, repair, export, analyze, probe, table, figures."""
+"""The `geolens` command line: train, fork, sweep, info, repair, export, analyze, probe, table, figures, precursors."""
 
 from __future__ import annotations
 
@@ -359,6 +359,28 @@ def figures(
         console.print(f"  - {note}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"{len(specs)} figures: {', '.join(s.name for s in specs)}; wrote {len(paths)} files, "
                   f"page {paths[-1]}", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def precursors(
+    runs: Path = typer.Option(..., help="Folder searched recursively for run directories (any folder with run.json)."),
+    out: Optional[Path] = typer.Option(None, help="Folder for precursors.md and precursors.csv (default: RUNS/precursors)."),
+) -> None:
+    """Which recorded quantity announces the onset: per configuration and precursor, how often its event
+    precedes the onset, the lead, its Spearman correlation with the onset and a leave-one-out prediction."""
+    from geolens.outputs.precursor_table import COLUMNS, precursor_rows, write_precursor_table
+
+    rows, notes = precursor_rows(runs)
+    table = Table(title=f"{runs}: precursors of the onset (onset_095)")
+    for column in COLUMNS:
+        table.add_column(column, no_wrap=column == "configuration")
+    for row in rows:
+        table.add_row(*(row[c] for c in COLUMNS))
+    (console if console.is_terminal else Console(width=240, markup=False)).print(table)
+    for note in notes:
+        console.print(f"  - {note}", markup=False, highlight=False, soft_wrap=True)
+    paths = write_precursor_table(rows, notes, out or runs / "precursors")
+    console.print(f"wrote {', '.join(map(str, paths))}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _joined(values: list[str] | None) -> str | None:

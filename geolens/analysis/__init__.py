@@ -1,11 +1,13 @@
-"""Mechanistic-interpretability metrics of one checkpoint and of whole trajectories (definitions: docs/metrics.md).
+"""Mechanistic-interpretability metrics of one checkpoint and of whole trajectories (definitions:
+docs/metrics.md).
 
 Owns one module per metric family (fourier: bases, discrete log, the cyclic frame; keyfreq, fve,
 progress_measures: Nanda's progress measures and truncated-logit accuracy; clockpizza, health,
 circuit, geometry), the metric set (registry, AnalysisContext), metrics at every checkpoint
-(trajectory), the circuit at one step (probe), a Run with analyze and probe (run_analysis) and the
-shipped reference trajectories (shipped). May import geolens.errors, geolens.model, geolens.runs
-(reading runs) and, for Run.fork alone, geolens.training.fork; never sweeps or outputs.
+(trajectory), the circuit at one step (probe), precursors of the onset and their leads (precursors),
+a Run with analyze and probe (run_analysis) and the shipped reference trajectories (shipped). May
+import geolens.errors, geolens.model, geolens.runs (reading runs) and, for Run.fork alone,
+geolens.training.fork; never sweeps or outputs.
 """
 
 from geolens.analysis.registry import METRICS, AnalysisContext, MetricSpec, compute_metrics, metric_versions

@@ -1,0 +1,151 @@
+"""Precursors of the grokking onset: which recorded quantity announces it, how early and how reliably.
+
+A Precursor is a quantity of a run's metrics.csv rows (a column or one derived from columns) with one
+rule that turns its series into an event epoch, applied the same way to every run:
+    peak           the first evaluated epoch at which the series is largest; none when that is its
+                   last evaluation (a series still rising has not peaked)
+    crossing:F     the first evaluated epoch at which the series has covered the fraction F of its
+                   eventual change (from its first to its last value); none when it does not change
+Events are read off the whole record, so "precedes the onset" is a statement about the trajectory,
+not an online warning. lead_stats summarises a configuration's runs: how many have an event, the
+fraction whose event precedes the onset, the median and interquartile range of the lead (onset minus
+event), the Spearman correlation of event epoch and onset across seeds, and the leave-one-out mean
+absolute error of predicting each run's onset from its event epoch (a line fitted to the other runs)
+against predicting the other runs' mean onset. docs/precursors.md defines each precursor.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from geolens.errors import GeoError
+from geolens.runs.run import Run
+from geolens.runs.runset import RunGroup
+
+Rows = list[dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Precursor:
+    """name, what it is, how its value is read from a metrics row, and its event rule ('peak' or 'crossing:F')."""
+
+    name: str
+    description: str
+    value: Callable[[dict[str, float]], float]
+    rule: str
+
+
+PRECURSORS = [
+    Precursor("test_loss", "test cross-entropy (rises while the training set is memorised, falls at the onset)",
+              lambda r: r["test_loss"], "peak"),
+    Precursor("loss_gap", "test minus train cross-entropy", lambda r: r["test_loss"] - r["train_loss"], "peak"),
+    Precursor("weight_norm", "L2 norm of all parameters", lambda r: r["weight_norm"], "peak"),
+    Precursor("logit_scale", "largest |logit| over the train and test inputs (max_abs_logit)",
+              lambda r: r["max_abs_logit"], "crossing:0.5"),
+]
+
+
+def event_epoch(epochs: list[int], values: list[float], rule: str) -> int | None:
+    """The event of a series (values at epochs, ascending) under `rule` (module docstring); None if none."""
+    if len(epochs) != len(values) or not epochs:
+        raise GeoError(f"a series needs as many values as epochs (got {len(values)} and {len(epochs)})")
+    if rule == "peak":
+        top = max(range(len(values)), key=lambda i: (values[i], -i))
+        return None if top == len(values) - 1 else epochs[top]
+    if rule.startswith("crossing:"):
+        frac = float(rule.split(":", 1)[1])
+        change = values[-1] - values[0]
+        if change == 0:
+            return None
+        return next(e for e, v in zip(epochs, values) if (v - values[0]) / change >= frac)
+    raise GeoError(f"unknown event rule {rule!r}; use 'peak' or 'crossing:F' with 0 < F <= 1")
+
+
+@dataclass
+class LeadStats:
+    """One configuration's runs under one precursor (module docstring); None where too few runs."""
+
+    precursor: str
+    runs: int  # runs with an onset
+    with_event: int
+    precedes: float | None  # fraction of runs with an event whose event is before the onset
+    lead_median: float | None
+    lead_iqr: tuple[float, float] | None
+    spearman: float | None  # needs >= 3 runs with an event
+    loo_error: float | None  # leave-one-out MAE of the linear fit (>= 3 runs)
+    loo_baseline: float | None  # leave-one-out MAE of the mean onset
+
+
+def lead_stats(name: str, pairs: list[tuple[int, int | None]]) -> LeadStats:
+    """LeadStats of (onset, event) pairs, one per run with an onset."""
+    both = [(o, e) for o, e in pairs if e is not None]
+    leads = sorted(o - e for o, e in both)
+    stats = LeadStats(name, len(pairs), len(both), None, None, None, None, None, None)
+    if both:
+        stats.precedes = sum(e < o for o, e in both) / len(both)
+        stats.lead_median = statistics.median(leads)
+        q = torch.quantile(torch.tensor(leads, dtype=torch.float64), torch.tensor([0.25, 0.75], dtype=torch.float64))
+        stats.lead_iqr = (float(q[0]), float(q[1]))
+    if len(both) >= 3:
+        onsets, events = [float(o) for o, _ in both], [float(e) for _, e in both]
+        stats.spearman = _spearman(events, onsets)
+        stats.loo_error, stats.loo_baseline = _loo(events, onsets)
+    return stats
+
+
+def _ranks(x: list[float]) -> list[float]:
+    """Ranks 1..n, ties given their mean rank."""
+    order = sorted(range(len(x)), key=lambda i: x[i])
+    ranks = [0.0] * len(x)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def _spearman(x: list[float], y: list[float]) -> float | None:
+    """Spearman's rank correlation (Pearson's on the ranks); None when either side is constant."""
+    rx, ry = _ranks(x), _ranks(y)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return None if sxx == 0 or syy == 0 else sxy / (sxx * syy) ** 0.5
+
+
+def _loo(x: list[float], y: list[float]) -> tuple[float | None, float]:
+    """(MAE of predicting each y from a least-squares line through the other points, MAE of predicting
+    it by the others' mean); the first is None when some left-out fit has constant x."""
+    fit_err, mean_err = [], []
+    for i in range(len(x)):
+        xs, ys = x[:i] + x[i + 1 :], y[:i] + y[i + 1 :]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        sxx = sum((a - mx) ** 2 for a in xs)
+        mean_err.append(abs(y[i] - my))
+        if sxx == 0:
+            return None, statistics.fmean(abs(y[j] - statistics.fmean(y[:j] + y[j + 1 :])) for j in range(len(y)))
+        slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys)) / sxx
+        fit_err.append(abs(y[i] - (my + slope * (x[i] - mx))))
+    return statistics.fmean(fit_err), statistics.fmean(mean_err)
+
+
+def run_events(run: Run) -> dict[str, int | None]:
+    """Every precursor's event epoch in one run's metrics.csv."""
+    rows = run.metrics
+    epochs = [int(r["epoch"]) for r in rows]
+    return {p.name: event_epoch(epochs, [p.value(r) for r in rows], p.rule) for p in PRECURSORS}
+
+
+def group_precursors(group: RunGroup) -> list[LeadStats]:
+    """LeadStats of every precursor over a configuration's runs that have an onset (onset_095)."""
+    with_onset = [(r, r.events.get("onset_095")) for r in group.runs]
+    events = [(onset, run_events(r)) for r, onset in with_onset if onset is not None]
+    return [lead_stats(p.name, [(onset, ev[p.name]) for onset, ev in events]) for p in PRECURSORS]

@@ -1,0 +1,58 @@
+"""`geolens precursors`: per configuration and precursor, how often and how early its event precedes the
+onset, as one table (rows of geolens.analysis.precursors.LeadStats), written as Markdown and CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from geolens.analysis.precursors import PRECURSORS, LeadStats, group_precursors
+from geolens.runs.runset import find_runs, group_runs
+from geolens.runs.storage import atomic_write_bytes
+
+COLUMNS = ["configuration", "precursor", "rule", "runs", "with event", "precedes", "lead median", "lead IQR",
+           "spearman", "LOO error", "LOO mean-onset error"]
+
+
+def precursor_rows(root: str | Path) -> tuple[list[dict[str, str]], list[str]]:
+    """One row per configuration (runs under root, grouped as `geolens table` does) and precursor, with
+    its cells as text; and notes (runs skipped, configurations without an onset)."""
+    runs, skipped = find_runs(root)
+    notes = [f"skipped {path}: {why}" for path, why in skipped.items()]
+    rules = {p.name: p.rule for p in PRECURSORS}
+    rows = []
+    for group in group_runs(runs):
+        stats = group_precursors(group)
+        if stats[0].runs == 0:
+            notes.append(f"{group.full_label}: no run has an onset; nothing to lead")
+            continue
+        rows += [_row(group.full_label, rules[s.precursor], s) for s in stats]
+    return rows, notes
+
+
+def _row(label: str, rule: str, s: LeadStats) -> dict[str, str]:
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    return {"configuration": label, "precursor": s.precursor, "rule": rule, "runs": str(s.runs),
+            "with event": str(s.with_event), "precedes": num(s.precedes, ".2f"), "lead median": num(s.lead_median, ",.0f"),
+            "lead IQR": "-" if s.lead_iqr is None else f"{s.lead_iqr[0]:,.0f} to {s.lead_iqr[1]:,.0f}",
+            "spearman": num(s.spearman, "+.2f"), "LOO error": num(s.loo_error, ",.0f"),
+            "LOO mean-onset error": num(s.loo_baseline, ",.0f")}
+
+
+def write_precursor_table(rows: list[dict[str, str]], notes: list[str], folder: Path) -> list[Path]:
+    """folder/precursors.md (the table and its notes) and folder/precursors.csv."""
+    folder.mkdir(parents=True, exist_ok=True)
+    md = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    md += ["| " + " | ".join(r[c] for c in COLUMNS) + " |" for r in rows]
+    md += [""] + [f"- {n}" for n in notes]
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    paths = [folder / "precursors.md", folder / "precursors.csv"]
+    atomic_write_bytes(paths[0], ("\n".join(md) + "\n").encode())
+    atomic_write_bytes(paths[1], out.getvalue().encode())
+    return paths

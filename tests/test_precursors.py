@@ -1,0 +1,84 @@
+"""Precursors of the onset: event rules and lead statistics on constructed series whose answers are known,
+and `geolens precursors` on constructed runs."""
+
+import pytest
+from conftest import one_line_error
+
+from geolens.analysis.precursors import PRECURSORS, event_epoch, lead_stats
+from geolens.errors import GeoError
+from geolens.model.config import make_config
+from geolens.runs.storage import RunDir, write_metrics
+
+
+@pytest.mark.parametrize("values, rule, expected", [
+    ([0, 1, 3, 2, 1], "peak", 20),          # the maximum
+    ([0, 3, 1, 3, 0], "peak", 10),          # the first of equal maxima
+    ([0, 1, 2, 3, 4], "peak", None),        # still rising at the end: no peak
+    ([10, 9, 6, 4, 0], "crossing:0.5", 30),  # 10 -> 0: half the change is covered at 4 (epoch 30)
+    ([0, 1, 5, 9, 10], "crossing:0.5", 20),
+    ([2, 2, 2, 2, 2], "crossing:0.5", None),  # no change, no crossing
+])
+def test_event_rules(values, rule, expected):
+    assert event_epoch([0, 10, 20, 30, 40], values, rule) == expected
+
+
+def test_an_unknown_rule_is_refused():
+    with pytest.raises(GeoError, match="unknown event rule 'valley'"):
+        event_epoch([0, 10], [1, 2], "valley")
+
+
+def test_lead_statistics_of_known_pairs():
+    # events 800, 1,700, 2,600 before onsets 1,000, 2,000, 3,000: leads 200, 300, 400, an exact line
+    s = lead_stats("x", [(1000, 800), (2000, 1700), (3000, 2600), (4000, None)])
+    assert (s.runs, s.with_event, s.precedes, s.lead_median, s.lead_iqr) == (4, 3, 1.0, 300, (250.0, 350.0))
+    assert s.spearman == pytest.approx(1.0) and s.loo_error == pytest.approx(0.0)
+    assert s.loo_baseline == pytest.approx(1000.0)  # |1000 - 2500|, |2000 - 2000|, |3000 - 1500|
+    # events after the onset, in reverse order: no lead, a perfect negative rank correlation
+    s = lead_stats("y", [(1000, 3500), (2000, 3300), (3000, 3200)])
+    assert s.precedes == 0.0 and s.lead_median == -1300 and s.spearman == pytest.approx(-1.0)
+    # too few runs for correlation and prediction; no events at all
+    s = lead_stats("z", [(1000, 900), (2000, 1800)])
+    assert s.spearman is None and s.loo_error is None and s.lead_median == 150
+    assert lead_stats("w", [(1000, None)]).precedes is None
+
+
+def _run(path, seed, onset, gap_peak, epochs=3000):
+    """A finished run whose test accuracy passes 0.95 at `onset` and whose test loss peaks at `gap_peak`."""
+    from geolens.runs.events import finish_events
+
+    run = RunDir(path)
+    run.path.mkdir(parents=True)
+    cfg = make_config("ln", p=23, seed=seed, data_seed=seed, epochs=epochs)
+    run.write_header({"config": cfg.to_dict(), "engine": "fast", "n_train": 1, "n_test": 1, "status": "finished",
+                      "stop_reason": "completed"})
+    rows = [{"epoch": e, "train_loss": 0.01, "train_acc": 1.0, "test_loss": 5.0 - abs(e - gap_peak) / 1000,
+             "test_acc": 0.97 if e >= onset else 0.1, "weight_norm": 10.0 + e / 1000, "grad_norm": 0.1,
+             "max_abs_logit": min(e, onset) / 100, "elapsed_s": 0.0} for e in range(0, epochs + 1, 10)]
+    write_metrics(run.metrics_csv, rows)
+    from geolens.runs.storage import atomic_write_json
+
+    atomic_write_json(run.events_json, finish_events(rows, "completed", 10))
+
+
+def test_precursors_command_on_constructed_runs(tmp_path, geolens):
+    for seed, onset, peak in ((1, 1000, 600), (2, 2000, 1500), (3, 1500, 1100)):
+        _run(tmp_path / "runs" / f"seed_{seed}", seed, onset, peak)
+    r = geolens("precursors", "--runs", tmp_path / "runs", "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "out" / "precursors.md").read_text().splitlines()
+    rows = {line.split(" | ")[1]: line.split(" | ") for line in md if line.startswith("| ln")}
+    assert set(rows) == {p.name for p in PRECURSORS}
+    # test loss peaks at 600 / 1,500 / 1,100 before onsets 1,000 / 2,000 / 1,500: leads 400, 500, 400
+    assert rows["test_loss"][3:9] == ["3", "3", "1.00", "400", "400 to 450", "+1.00"]
+    # the weight norm grows to the end: no peak in any run
+    assert rows["weight_norm"][4:6] == ["0", "-"]
+    # the logit scale rises until the onset and then holds: it crosses half its change at half the onset
+    assert rows["logit_scale"][6] == "750"
+    csv_lines = (tmp_path / "out" / "precursors.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("configuration,precursor,rule,runs") and len(csv_lines) == 1 + len(PRECURSORS)
+
+
+def test_precursors_without_runs_is_one_line(tmp_path, geolens):
+    (tmp_path / "empty").mkdir()
+    r = geolens("precursors", "--runs", tmp_path / "empty")
+    assert r.returncode == 2 and "no finished run directory" in one_line_error(r.stderr)
