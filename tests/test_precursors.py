@@ -14,6 +14,7 @@ from geolens.runs.storage import RunDir, write_metrics
     ([0, 1, 3, 2, 1], "peak", 20),          # the maximum
     ([0, 3, 1, 3, 0], "peak", 10),          # the first of equal maxima
     ([0, 1, 2, 3, 4], "peak", None),        # still rising at the end: no peak
+    ([4, 3, 2, 1, 0], "peak", None),        # falling from the start: no peak
     ([10, 9, 6, 4, 0], "crossing:0.5", 30),  # 10 -> 0: half the change is covered at 4 (epoch 30)
     ([0, 1, 5, 9, 10], "crossing:0.5", 20),
     ([2, 2, 2, 2, 2], "crossing:0.5", None),  # no change, no crossing
@@ -82,3 +83,22 @@ def test_precursors_without_runs_is_one_line(tmp_path, geolens):
     (tmp_path / "empty").mkdir()
     r = geolens("precursors", "--runs", tmp_path / "empty")
     assert r.returncode == 2 and "no finished run directory" in one_line_error(r.stderr)
+
+
+def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path):
+    """results/precursors/add is `geolens precursors` on results/table1/table1_lr6e-4 with this code, and
+    docs/precursors.md shows the committed tables."""
+    import importlib.util
+
+    from conftest import REPO
+
+    from geolens.outputs.precursor_table import precursor_rows, write_precursor_table
+
+    rows, notes = precursor_rows(REPO / "results" / "table1" / "table1_lr6e-4")
+    write_precursor_table(rows, notes, tmp_path)
+    assert (tmp_path / "precursors.md").read_text() == (REPO / "results" / "precursors" / "add" / "precursors.md").read_text()
+    spec = importlib.util.spec_from_file_location("embed", REPO / "analyses" / "reproduction" / "embed_tables.py")
+    embed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(embed)
+    doc = (REPO / "docs" / "precursors.md").read_text()
+    assert embed.embed(doc) == (doc, 2)

@@ -3,7 +3,8 @@
 A Precursor is a quantity of a run's metrics.csv rows (a column or one derived from columns) with one
 rule that turns its series into an event epoch, applied the same way to every run:
     peak           the first evaluated epoch at which the series is largest; none when that is its
-                   last evaluation (a series still rising has not peaked)
+                   first or last evaluation (a series falling from the start, or still rising at the
+                   end, has not peaked)
     crossing:F     the first evaluated epoch at which the series has covered the fraction F of its
                    eventual change (from its first to its last value); none when it does not change
 Events are read off the whole record, so "precedes the onset" is a statement about the trajectory,
@@ -55,7 +56,7 @@ def event_epoch(epochs: list[int], values: list[float], rule: str) -> int | None
         raise GeoError(f"a series needs as many values as epochs (got {len(values)} and {len(epochs)})")
     if rule == "peak":
         top = max(range(len(values)), key=lambda i: (values[i], -i))
-        return None if top == len(values) - 1 else epochs[top]
+        return None if top in (0, len(values) - 1) else epochs[top]
     if rule.startswith("crossing:"):
         frac = float(rule.split(":", 1)[1])
         change = values[-1] - values[0]
