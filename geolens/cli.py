@@ -367,10 +367,12 @@ def precursors(
     out: Optional[Path] = typer.Option(None, help="Folder for precursors.md and precursors.csv (default: RUNS/precursors)."),
 ) -> None:
     """Which recorded quantity announces the onset: per configuration and precursor, how often its event
-    precedes the onset, the lead, its Spearman correlation with the onset and a leave-one-out prediction."""
-    from geolens.outputs.precursor_table import COLUMNS, precursor_rows, write_precursor_table
+    precedes the onset, the lead, its Spearman correlation with the onset and a leave-one-out prediction;
+    and the figure of every precursor against epochs relative to the onset."""
+    from geolens.outputs.plots import save_static
+    from geolens.outputs.precursor_table import COLUMNS, fig_precursors, precursor_rows, write_precursor_table
 
-    rows, notes = precursor_rows(runs)
+    rows, notes, groups = precursor_rows(runs)
     table = Table(title=f"{runs}: precursors of the onset (onset_095)")
     for column in COLUMNS:
         table.add_column(column, no_wrap=column == "configuration")
@@ -379,7 +381,11 @@ def precursors(
     (console if console.is_terminal else Console(width=240, markup=False)).print(table)
     for note in notes:
         console.print(f"  - {note}", markup=False, highlight=False, soft_wrap=True)
-    paths = write_precursor_table(rows, notes, out or runs / "precursors")
+    folder = out or runs / "precursors"
+    paths = write_precursor_table(rows, notes, folder)
+    spec = fig_precursors(groups)
+    if spec is not None:
+        paths += save_static(spec, folder, ("png",))
     console.print(f"wrote {', '.join(map(str, paths))}", markup=False, highlight=False, soft_wrap=True)
 
 

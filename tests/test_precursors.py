@@ -75,6 +75,15 @@ def test_precursors_command_on_constructed_runs(tmp_path, geolens):
     assert rows["weight_norm"][4:6] == ["0", "-"]
     # the logit scale rises until the onset and then holds: it crosses half its change at half the onset
     assert rows["logit_scale"][6] == "750"
+    from geolens.outputs.precursor_table import fig_precursors, precursor_rows
+
+    (panel,) = fig_precursors(precursor_rows(tmp_path / "runs")[2]).panels  # one configuration
+    assert len(panel.traces) == 3 * len(PRECURSORS)  # every seed a line per precursor
+    test_loss = [t for t in panel.traces if t.name == "test_loss"]
+    assert [t.legend for t in test_loss] == [True, False, False]
+    for t in test_loss:  # the peak (1.0 after scaling) is 400 or 500 epochs before the onset (x = 0)
+        assert max(t.y) == 1.0 and t.x[t.y.index(1.0)] in (-400, -500) and min(t.y) == 0.0
+    assert (tmp_path / "out" / "precursors.png").stat().st_size > 0
     csv_lines = (tmp_path / "out" / "precursors.csv").read_text().splitlines()
     assert csv_lines[0].startswith("configuration,precursor,rule,runs") and len(csv_lines) == 1 + len(PRECURSORS)
 
@@ -94,7 +103,7 @@ def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path):
 
     from geolens.outputs.precursor_table import precursor_rows, write_precursor_table
 
-    rows, notes = precursor_rows(REPO / "results" / "table1" / "table1_lr6e-4")
+    rows, notes, _ = precursor_rows(REPO / "results" / "table1" / "table1_lr6e-4")
     write_precursor_table(rows, notes, tmp_path)
     assert (tmp_path / "precursors.md").read_text() == (REPO / "results" / "precursors" / "add" / "precursors.md").read_text()
     spec = importlib.util.spec_from_file_location("embed", REPO / "analyses" / "reproduction" / "embed_tables.py")

@@ -1,5 +1,6 @@
 """`geolens precursors`: per configuration and precursor, how often and how early its event precedes the
-onset, as one table (rows of geolens.analysis.precursors.LeadStats), written as Markdown and CSV."""
+onset, as one table (rows of geolens.analysis.precursors.LeadStats), written as Markdown and CSV; and
+the figure of every precursor against epochs relative to the onset (fig_precursors)."""
 
 from __future__ import annotations
 
@@ -8,27 +9,57 @@ import io
 from pathlib import Path
 
 from geolens.analysis.precursors import PRECURSORS, LeadStats, group_precursors
-from geolens.runs.runset import find_runs, group_runs
+from geolens.outputs.plots import PALETTE, FigureSpec, Line, Panel
+from geolens.runs.runset import RunGroup, find_runs, group_runs
 from geolens.runs.storage import atomic_write_bytes
 
 COLUMNS = ["configuration", "precursor", "rule", "runs", "with event", "precedes", "lead median", "lead IQR",
            "spearman", "LOO error", "LOO mean-onset error"]
 
 
-def precursor_rows(root: str | Path) -> tuple[list[dict[str, str]], list[str]]:
+def precursor_rows(root: str | Path) -> tuple[list[dict[str, str]], list[str], list[RunGroup]]:
     """One row per configuration (runs under root, grouped as `geolens table` does) and precursor, with
-    its cells as text; and notes (runs skipped, configurations without an onset)."""
+    its cells as text; notes (runs skipped, configurations without an onset); the groups."""
     runs, skipped = find_runs(root)
     notes = [f"skipped {path}: {why}" for path, why in skipped.items()]
     rules = {p.name: p.rule for p in PRECURSORS}
     rows = []
-    for group in group_runs(runs):
+    groups = group_runs(runs)
+    for group in groups:
         stats = group_precursors(group)
         if stats[0].runs == 0:
             notes.append(f"{group.full_label}: no run has an onset; nothing to lead")
             continue
         rows += [_row(group.full_label, rules[s.precursor], s) for s in stats]
-    return rows, notes
+    return rows, notes, groups
+
+
+def fig_precursors(groups: list[RunGroup]) -> FigureSpec | None:
+    """Every precursor of every run with an onset against epochs relative to that onset, each series
+    scaled to [0, 1] over the run (min to max) so that the precursors share an axis: one panel per
+    configuration, one colour per precursor, every seed a line (the first seed's in the legend)."""
+    panels = []
+    for group in groups:
+        traces = []
+        for i, p in enumerate(PRECURSORS):
+            first = True
+            for run in group.runs:
+                onset = run.events.get("onset_095")
+                if onset is None:
+                    continue
+                values = [p.value(r) for r in run.metrics]
+                lo, hi = min(values), max(values)
+                scaled = [(v - lo) / (hi - lo) if hi > lo else 0.0 for v in values]
+                traces.append(Line([int(r["epoch"]) - onset for r in run.metrics], scaled, p.name,
+                                   color=PALETTE[i % len(PALETTE)], legend=first))
+                first = False
+        if traces:
+            panels.append(Panel(group.full_label, traces, xlabel="epochs relative to the onset (onset_095)",
+                                ylabel="value, scaled to [0, 1] per run", yrange=(-0.05, 1.05)))
+    if not panels:
+        return None
+    return FigureSpec("precursors", "Precursors against epochs relative to the onset (every seed a line)", panels,
+                      cols=2)
 
 
 def _row(label: str, rule: str, s: LeadStats) -> dict[str, str]:
