@@ -175,7 +175,7 @@ def fork(
         from geolens.model.hyperschedule import resolve_relative
         from geolens.runs.storage import RunDir
 
-        base = changes["schedule"] if "schedule" in changes else RunDir(run).read_header()["config"]["schedule"]
+        base = changes["schedule"] if "schedule" in changes else RunDir(run).read_header()["config"].get("schedule", [])
         changes["schedule"] = [*base, *resolve_relative(schedule, step)]
     from geolens.training.fork import fork as fork_run
 

@@ -511,3 +511,26 @@ def test_the_interventions_tables(tmp_path, write_run, step_curve):
     doc = (REPO / "docs" / "interventions.md").read_text()
     refreshed, count = embed.embed(doc)
     assert count == 8 and refreshed == doc  # the doc's tables are those of results/interventions/tables
+
+
+def test_a_run_written_before_schedules_existed_can_be_forked_with_one(parent, tmp_path, geolens):
+    """An older run.json's config has no schedule or norm_clamp field: the fork fills the defaults, and its
+    parent identity hashes the config as GeoConfig gives it (as the dose figure looks parents up)."""
+    import hashlib
+    import shutil
+
+    from geolens.model.config import GeoConfig
+
+    old = tmp_path / "old"
+    shutil.copytree(parent, old)
+    header = json.loads((old / "run.json").read_text())
+    for key in ("schedule", "norm_clamp"):
+        header["config"].pop(key)
+    (old / "run.json").write_text(json.dumps(header))
+    r = geolens("fork", "--run", old, "--step", 100, "--out", tmp_path / "arm", "--epochs", 120,
+                "--schedule", "weight_decay=2@+0:+10", "--quiet")
+    assert r.returncode == 0, r.stderr
+    record = json.loads((tmp_path / "arm" / "run.json").read_text())["fork"]
+    full = GeoConfig.from_dict(header["config"]).to_dict()
+    assert record["parent_identity"]["config_sha256"] == hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()
+    assert record["changes"]["schedule"] == {"from": [], "to": ["weight_decay=2@100:110"]}

@@ -170,13 +170,14 @@ def fork(parent: str | Path, step: int, out: str | Path, changes: dict | None = 
 
 
 def lineage(prun: RunDir, header: dict, pcfg: GeoConfig, cfg: GeoConfig, step: int, mapping: dict) -> dict:
-    """run.json's `fork` record: the parent (path; identity: hashes of its run.json config and of the
-    checkpoint forked from; its own `fork` record when it is a fork), the step, the fields changed against
+    """run.json's `fork` record: the parent (path; identity: hashes of its config (every field, as
+    GeoConfig.to_dict gives it) and of the checkpoint forked from; its own `fork` record when it is a fork), the step, the fields changed against
     pcfg (the parent's config at `step`) and the mapping."""
     old, new = pcfg.to_dict(), cfg.to_dict()
     return {
         "parent": str(prun.path.resolve()),
-        "parent_identity": {"config_sha256": _sha256(json.dumps(header["config"], sort_keys=True).encode()),
+        "parent_identity": {"config_sha256": _sha256(json.dumps(GeoConfig.from_dict(header["config"]).to_dict(),
+                                                                sort_keys=True).encode()),
                             "checkpoint_sha256": _sha256(prun.ckpt_path(step).read_bytes())},
         "step": step,
         "changes": {k: {"from": old[k], "to": new[k]} for k in new if new[k] != old[k]},
