@@ -171,15 +171,9 @@ def fork(
     """Fork a run at a checkpoint into a new run with changed settings (optimizer, readout, attention, norm,
     schedules, norm clamp) and train it on; with no change it continues exactly as the parent did."""
     changes = _overrides(set_, epochs=epochs)
-    if schedule:  # added to the parent's schedule (or to a --set schedule=..., which replaces it); @+A:+B from --step
-        from geolens.model.hyperschedule import resolve_relative
-        from geolens.runs.storage import RunDir
-
-        base = changes["schedule"] if "schedule" in changes else RunDir(run).read_header()["config"].get("schedule", [])
-        changes["schedule"] = [*base, *resolve_relative(schedule, step)]
     from geolens.training.fork import fork as fork_run
 
-    result = fork_run(run, step, out, changes, force=force, progress=not quiet)
+    result = fork_run(run, step, out, changes, force=force, progress=not quiet, schedule=schedule)
     _print_summary(result.path)
 
 

@@ -12,7 +12,8 @@ not an online warning. lead_stats summarises a configuration's runs: how many ha
 fraction whose event precedes the onset, the median and interquartile range of the lead (onset minus
 event), the Spearman correlation of event epoch and onset across seeds, and the leave-one-out mean
 absolute error of predicting each run's onset from its event epoch (a line fitted to the other runs)
-against predicting the other runs' mean onset. docs/precursors.md defines each precursor.
+against predicting the other runs' mean onset. docs/metrics.md defines each precursor, docs/precursors.md
+measures them.
 """
 
 from __future__ import annotations
@@ -27,26 +28,21 @@ from geolens.errors import GeoError
 from geolens.runs.run import Run
 from geolens.runs.runset import RunGroup
 
-Rows = list[dict[str, float]]
-
-
 @dataclass(frozen=True)
 class Precursor:
-    """name, what it is, how its value is read from a metrics row, and its event rule ('peak' or 'crossing:F')."""
+    """name, how its value is read from a metrics row, and its event rule ('peak' or 'crossing:F');
+    docs/metrics.md defines each."""
 
     name: str
-    description: str
     value: Callable[[dict[str, float]], float]
     rule: str
 
 
 PRECURSORS = [
-    Precursor("test_loss", "test cross-entropy (rises while the training set is memorised, falls at the onset)",
-              lambda r: r["test_loss"], "peak"),
-    Precursor("loss_gap", "test minus train cross-entropy", lambda r: r["test_loss"] - r["train_loss"], "peak"),
-    Precursor("weight_norm", "L2 norm of all parameters", lambda r: r["weight_norm"], "peak"),
-    Precursor("logit_scale", "largest |logit| over the train and test inputs (max_abs_logit)",
-              lambda r: r["max_abs_logit"], "crossing:0.5"),
+    Precursor("test_loss", lambda r: r["test_loss"], "peak"),
+    Precursor("loss_gap", lambda r: r["test_loss"] - r["train_loss"], "peak"),
+    Precursor("weight_norm", lambda r: r["weight_norm"], "peak"),
+    Precursor("logit_scale", lambda r: r["max_abs_logit"], "crossing:0.5"),
 ]
 
 
@@ -129,13 +125,14 @@ def _loo(x: list[float], y: list[float]) -> tuple[float | None, float]:
     for i in range(len(x)):
         xs, ys = x[:i] + x[i + 1 :], y[:i] + y[i + 1 :]
         mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        sxx = sum((a - mx) ** 2 for a in xs)
         mean_err.append(abs(y[i] - my))
-        if sxx == 0:
-            return None, statistics.fmean(abs(y[j] - statistics.fmean(y[:j] + y[j + 1 :])) for j in range(len(y)))
-        slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys)) / sxx
-        fit_err.append(abs(y[i] - (my + slope * (x[i] - mx))))
-    return statistics.fmean(fit_err), statistics.fmean(mean_err)
+        sxx = sum((a - mx) ** 2 for a in xs)
+        if fit_err is not None and sxx > 0:
+            slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys)) / sxx
+            fit_err.append(abs(y[i] - (my + slope * (x[i] - mx))))
+        else:
+            fit_err = None
+    return (None if fit_err is None else statistics.fmean(fit_err)), statistics.fmean(mean_err)
 
 
 def run_events(run: Run) -> dict[str, int | None]:

@@ -40,17 +40,14 @@ class AnalysisRun(Run):
              force: bool = False, progress: bool = False, **changes) -> "AnalysisRun":
         """Fork this run at checkpoint `step` into a new run `out` with config `changes` (e.g.
         norm='sphere', weight_decay=0.0, norm_clamp=40.0), trained to `epochs` (default this run's);
-        schedule entries are added to this run's schedule, windows may be relative to the step
+        schedule entries are added to this run's schedule at the step, windows may be relative to it
         ('weight_decay=3@+0:+200'). Without changes the fork continues exactly as this run did
         (geolens.training.fork). Returns the fork, opened like this run."""
-        from geolens.model.hyperschedule import resolve_relative
         from geolens.training.fork import fork
 
         if epochs is not None:
             changes["epochs"] = epochs
-        if schedule:
-            changes["schedule"] = [*changes.get("schedule", self.config.schedule), *resolve_relative(schedule, step)]
-        return AnalysisRun(fork(self.path, step, out, changes, force=force, progress=progress).path)
+        return AnalysisRun(fork(self.path, step, out, changes, force=force, progress=progress, schedule=schedule or []).path)
 
 
 def load_run(path: str | Path) -> AnalysisRun:

@@ -7,6 +7,7 @@ named bundles of field values; every field can be overridden afterwards.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -192,6 +193,10 @@ class GeoConfig:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
+
+    def sha256(self) -> str:
+        """Hex SHA-256 of the config as canonical JSON (every field, sorted keys): a run's identity in a fork's lineage."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GeoConfig":

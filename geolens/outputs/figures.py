@@ -18,9 +18,7 @@ seed (RunGroup.representative), or every seed for the paths when asked.
 
 from __future__ import annotations
 
-import hashlib
 import html
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -341,8 +339,7 @@ def find_parent(fork: dict, runs: Sequence[Run]) -> Run | None:
         a, b = run.path.resolve().parts[::-1], recorded.parts[::-1]
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
-    candidates = [r for r in runs if hashlib.sha256(json.dumps(r.config.to_dict(), sort_keys=True).encode()).hexdigest()
-                  == want and r.header.get("fork") is None]
+    candidates = [r for r in runs if r.config.sha256() == want and r.header.get("fork") is None]
     return max(candidates, key=tail, default=None)
 
 

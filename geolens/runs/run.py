@@ -68,14 +68,25 @@ class Run:
                            f"to {steps[-1]}); choose an epoch in that range")
         return min(steps, key=lambda s: (abs(s - step), s))
 
+    @property
+    def forks(self) -> list[dict]:
+        """The fork records of its lineage (run.json `fork`, then each `parent_fork`), newest first; [] for a
+        run trained from scratch."""
+        out, fork = [], self.header.get("fork")
+        while fork:
+            out.append(fork)
+            fork = fork.get("parent_fork")
+        return out
+
     def config_at(self, step: int, scheduled_tau: bool = True) -> GeoConfig:
         """The config that held at epoch `step`: before a fork's step its parent's (run.json `fork`
         changes undone, generation by generation), with tau at its scheduled value (model.hyperschedule)
         unless scheduled_tau is False."""
-        values, fork = self.config.to_dict(), self.header.get("fork")
-        while fork and step < fork["step"]:
+        values = self.config.to_dict()
+        for fork in self.forks:
+            if step >= fork["step"]:
+                break
             values.update({k: v["from"] for k, v in fork["changes"].items()})
-            fork = fork.get("parent_fork")
         cfg = GeoConfig.from_dict(values)
         tau = parse_hyper_schedule(cfg.schedule).value("tau", cfg.tau, step) if scheduled_tau else cfg.tau
         return cfg if tau == cfg.tau else cfg.replace(tau=tau)
@@ -131,11 +142,10 @@ class Run:
 
     def _fork_text(self) -> str | None:
         """The lineage of a fork (run.json `fork`), one line per generation: parent, step and changes."""
-        lines, fork = [], self.header.get("fork")
-        while fork:
+        lines = []
+        for fork in self.forks:
             changes = ", ".join(f"{k} {v['from']} -> {v['to']}" for k, v in fork["changes"].items() if k != "epochs")
             lines.append(f"{fork['parent']} at epoch {fork['step']} ({changes or 'no change'})")
-            fork = fork.get("parent_fork")
         return "\n".join(lines) or None
 
     def _segments_text(self) -> str | None:

@@ -40,7 +40,7 @@ class RunGroup:
     @property
     def fork(self) -> dict | None:
         """The fork record (run.json `fork`) of the group's first run; None for runs trained from scratch."""
-        return self.runs[0].header.get("fork") if self.runs else None
+        return self.runs[0].forks[0] if self.runs and self.runs[0].forks else None
 
     @property
     def variant(self) -> str:
@@ -130,22 +130,12 @@ def group_runs(runs: list[Run]) -> list[RunGroup]:
 def lineage_key(run: Run) -> str:
     """What makes forks one configuration besides their config: every generation's step and its parent's
     configuration ('' for a run trained from scratch), so a fork never joins the runs trained as its config."""
-    chain, fork = [], run.header.get("fork")
-    while fork:
-        step = fork["step"]
-        chain.append([step, group_key(run.config_at(step - 1))])
-        fork = fork.get("parent_fork")
-    return json.dumps(chain) if chain else ""
+    return json.dumps([[f["step"], group_key(run.config_at(f["step"] - 1))] for f in run.forks]) if run.forks else ""
 
 
 def fork_label(run: Run) -> str:
     """'forked from ln at 3000' (each generation, newest first; '' for a run trained from scratch)."""
-    parts, fork = [], run.header.get("fork")
-    while fork:
-        step = fork["step"]
-        parts.append(f"forked from {config_name(run.config_at(step - 1))} at {step}")
-        fork = fork.get("parent_fork")
-    return ", ".join(parts)
+    return ", ".join(f"forked from {config_name(run.config_at(f['step'] - 1))} at {f['step']}" for f in run.forks)
 
 
 def config_name(cfg: GeoConfig) -> str:

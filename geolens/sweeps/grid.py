@@ -30,7 +30,6 @@ from typing import Any
 
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig, make_config, parse_override, preset_fields
-from geolens.model.hyperschedule import resolve_relative
 
 SWEEP_RECORD = "sweep.json"
 LAYOUTS = ("auto", "nested", "flat")
@@ -336,7 +335,7 @@ def expand_arms(arms: Arms, out: Path) -> list[Member]:
     Each arm's config is its parent's with the changes (training.fork.forked_config: refused fields and
     budgets not past the step fail here, before anything runs)."""
     from geolens.runs.run import Run
-    from geolens.training.fork import forked_config
+    from geolens.training.fork import forked_config, with_schedule
 
     if out.resolve() == arms.parent.resolve() or arms.parent.resolve() in out.resolve().parents:
         raise GeoError(f"--out {out} is inside --fork-from {arms.parent}; the parents are never written (and arms would "
@@ -358,9 +357,7 @@ def expand_arms(arms: Arms, out: Path) -> list[Member]:
         for step in arms.steps:
             cfg = run.config_at(step, scheduled_tau=False)
             for combo in combos:
-                changes = {**arms.shared, **combo}
-                if arms.schedule:
-                    changes["schedule"] = [*combo.get("schedule", cfg.schedule), *resolve_relative(arms.schedule, step)]
+                changes = with_schedule({**arms.shared, **combo}, cfg, step, arms.schedule)
                 label = "_".join([*(f"{k}-{_value_label(v)}" for k, v in combo.items()),
                                   *(_value_label(e) for e in arms.schedule)]) or "same"
                 name = "/".join([*rel, f"step{step}", label])

@@ -14,25 +14,23 @@ The parent is only read.
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig
-from geolens.model.hyperschedule import parse_hyper_schedule
+from geolens.model.hyperschedule import parse_hyper_schedule, resolve_relative
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
 from geolens.runs.events import onset_events
 from geolens.runs.run import Run
 from geolens.runs.runlock import NewRunClaim
-from geolens.runs.storage import RunDir, atomic_write_json, load_tensors, read_metrics, save_tensors, write_metrics
+from geolens.runs.storage import BackgroundWriter, RunDir, load_tensors, read_metrics
 from geolens.training.controls import Controls
 from geolens.training.engine import make_optimizer, select_forward, training_device
-from geolens.training.recording import load_optimizer_tensors, optimizer_tensors, run_header
+from geolens.training.recording import load_optimizer_tensors, optimizer_tensors, run_header, write_checkpoint
 from geolens.training.train import SingleStep, TrainResult, resume
 
 #: fields a fork cannot change, and why
@@ -85,104 +83,104 @@ def map_state(new: GeoTransformer, weights: dict[str, Tensor], opt_state: dict[s
 def parent_optimizer_state(run: RunDir, step: int) -> dict[str, Tensor]:
     """The AdamW state (opt.<param>.<key>) of `run` at checkpoint `step`; a GeoError where none was kept."""
     if run.optim_path(step).exists():
-        state = load_tensors(run.optim_path(step))
-        return {k: v for k, v in state.items() if k.startswith("opt.")}
+        return _opt_only(load_tensors(run.optim_path(step)))
     if step == 0:
         return {}  # a fresh AdamW holds no state before its first step
-    resume_epoch = int(load_tensors(run.resume_file)["epoch"].item()) if run.resume_file.exists() else None
-    if resume_epoch == step:
-        return {k: v for k, v in load_tensors(run.resume_file).items() if k.startswith("opt.")}
-    kept = sorted({0, *(int(f.name[6:13]) for f in run.ckpt_dir.glob("optim_*.safetensors"))}
-                  | ({resume_epoch} if resume_epoch is not None else set()))
+    resume = load_tensors(run.resume_file) if run.resume_file.exists() else None
+    if resume is not None and int(resume["epoch"].item()) == step:
+        return _opt_only(resume)
+    kept = sorted({0, *(int(f.name[6:13]) for f in run.ckpt_dir.glob("optim_*.safetensors")),
+                   *([int(resume["epoch"].item())] if resume is not None else [])})
     raise GeoError(f"checkpoint {step} of {run.path} has no optimizer state (written before geolens kept one per "
                    f"checkpoint, or a trimmed export); fork at epoch {', '.join(map(str, kept[:8]))} instead")
 
 
+def with_schedule(changes: dict, base: GeoConfig, step: int, schedule: list[str]) -> dict:
+    """`changes` with the schedule entries added (windows relative to `step` made absolute) to the schedule
+    the changes set, or else to `base`'s (the parent's at the fork step)."""
+    if not schedule:
+        return changes
+    return {**changes, "schedule": [*changes.get("schedule", base.schedule), *resolve_relative(schedule, step)]}
+
+
 def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict | None = None,
-                 force: bool = False) -> Path:
-    """Write OUT as the fork of `parent` at checkpoint `step` with config `changes` (module docstring),
-    ready to be continued by resume; returns its path. A step without a checkpoint, a refused change or
-    an OUT inside the parent is refused before anything is written."""
-    prun, changes = RunDir(parent), dict(changes or {})
-    header = prun.read_header()
-    pcfg = Run(prun.path).config_at(step, scheduled_tau=False)  # a fork's parent config before its own fork step
+                 force: bool = False, schedule: list[str] = ()) -> Path:
+    """Write OUT as the fork of `parent` at checkpoint `step` with config `changes` and the schedule entries
+    `schedule` added (with_schedule; module docstring), ready to be continued by resume; returns its path. A
+    step without a checkpoint, a refused change or an OUT inside the parent is refused before anything is
+    written."""
+    prun = Run(parent)
+    pcfg = prun.config_at(step, scheduled_tau=False)  # a fork's parent config before its own fork step
     out = Path(out)
     if out.resolve() == prun.path.resolve() or prun.path.resolve() in out.resolve().parents:
         raise GeoError(f"--out {out} is the parent run or inside it; the parent is never written: choose another --out")
-    cfg = forked_config(pcfg, step, changes)
-    steps = [e["step"] for e in prun.read_manifest()]
+    cfg = forked_config(pcfg, step, with_schedule(dict(changes or {}), pcfg, step, schedule))
+    parent_manifest = prun.manifest
+    steps = [e["step"] for e in parent_manifest]
     if step not in steps:
         before = [s for s in steps if s < step][-1:]
         after = [s for s in steps if s > step][:1]
         raise GeoError(f"{prun.path} has no checkpoint at epoch {step}; the nearest are "
                        f"{' and '.join(map(str, before + after)) or 'none'} (fork at a checkpointed epoch)")
-    opt_state = parent_optimizer_state(prun, step)
-    rows = [r for r in read_metrics(prun.metrics_csv) if r["epoch"] <= step]
+    opt_state = parent_optimizer_state(prun.dir, step)
+    rows = [r for r in read_metrics(prun.dir.metrics_csv) if r["epoch"] <= step]
     if not rows or rows[-1]["epoch"] != step:
-        raise GeoError(f"{prun.metrics_csv} has no row at epoch {step}; `geolens info --run {prun.path}` says what is damaged")
+        raise GeoError(f"{prun.dir.metrics_csv} has no row at epoch {step}; `geolens info --run {prun.path}` says "
+                       "what is damaged")
 
     model = GeoTransformer(cfg)  # initial values of the parameters the new config adds
-    weights, opt_state, mapping = map_state(model, prun.load_checkpoint(step), opt_state)
+    weights, opt_state, mapping = map_state(model, prun.dir.load_checkpoint(step), opt_state)
     model.load_state_dict(weights)
     opt = make_optimizer(model)
     load_optimizer_tensors(model, opt, opt_state)
     controls = Controls(cfg, model, opt)
     controls.clamp()
     controls.before(step)
-    if _forward_changed(pcfg, cfg, step):
-        rows[-1] = _evaluate_at(model, opt, cfg, step, rows[-1]["elapsed_s"])
-
     data = make_dataset(cfg)
-    dev = training_device(cfg)
-    engine, _, why = select_forward(model)
-    new_header = run_header(cfg, engine, why, len(data.train[1]), len(data.test[1]), step, header, device=dev)
-    new_header["fork"] = lineage(prun, header, pcfg, cfg, step, mapping)
-    new_header["timing"] = {}
+    engine, forward, why = select_forward(model)
+    if _forward_changed(pcfg, cfg, step):
+        rows[-1] = _evaluate_at(model, opt, forward, data, step, rows[-1]["elapsed_s"])
+    timing = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0, "write_s": 0.0, "epochs_timed": 0}
+    header = {**run_header(cfg, engine, why, len(data.train[1]), len(data.test[1]), step, prun.header,
+                           device=training_device(cfg)),
+              "fork": lineage(prun, pcfg, cfg, step, mapping), "timing": timing}
     with NewRunClaim(out, force, "fork") as claim:  # run.json first, the resume state last: a fork killed
         run = RunDir(claim.path)                        # in between is a run without resume state (retrained)
-        run.write_header(new_header)
+        run.write_header(header)
         run.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        manifest = [e for e in prun.read_manifest() if e["step"] < step]
+        manifest = [e for e in parent_manifest if e["step"] < step]
         for e in manifest:
-            shutil.copy2(prun.ckpt_path(e["step"]), run.ckpt_path(e["step"]))
-            if prun.optim_path(e["step"]).exists():
-                shutil.copy2(prun.optim_path(e["step"]), run.optim_path(e["step"]))
-        row = rows[-1]
-        manifest.append(run.manifest_entry(step, {k: row[k] for k in ("train_loss", "train_acc", "test_loss", "test_acc")}))
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        opt_now = optimizer_tensors(model, opt)
-        write_metrics(run.metrics_csv, rows)
-        atomic_write_json(run.events_json, {**onset_events(rows), "eval_every": cfg.eval_every})
-        save_tensors(run.optim_path(step), {**opt_now, "epoch": torch.tensor(step)}, metadata={"step": str(step)})
-        run.save_checkpoint(step, state, manifest)
-        save_tensors(run.resume_file, {**{f"model.{k}": v for k, v in state.items()}, **opt_now,
-                                       "epoch": torch.tensor(step)})
+            shutil.copy2(prun.dir.ckpt_path(e["step"]), run.ckpt_path(e["step"]))
+            if prun.dir.optim_path(e["step"]).exists():
+                shutil.copy2(prun.dir.optim_path(e["step"]), run.optim_path(e["step"]))
+        with BackgroundWriter() as writer:  # the training loop's checkpoint: the same files, in the same order
+            write_checkpoint(writer, run, model.state_dict(), optimizer_tensors(model, opt), step, rows, manifest,
+                             onset_events(rows), header, timing, cfg.eval_every)
         claim.started()
     return Path(out)
 
 
 def fork(parent: str | Path, step: int, out: str | Path, changes: dict | None = None, force: bool = False,
-         progress: bool = True) -> TrainResult:
-    """Fork `parent` at checkpoint `step` into `out` with config `changes` and train it to its epochs
-    (prepare_fork, then training.train.resume); returns the TrainResult."""
-    prepare_fork(parent, step, out, changes, force)
+         progress: bool = True, schedule: list[str] = ()) -> TrainResult:
+    """Fork `parent` at checkpoint `step` into `out` with config `changes` and schedule entries `schedule`
+    (prepare_fork) and train it to its epochs (training.train.resume); returns the TrainResult."""
+    prepare_fork(parent, step, out, changes, force, schedule)
     return resume(out, progress=progress)
 
 
-def lineage(prun: RunDir, header: dict, pcfg: GeoConfig, cfg: GeoConfig, step: int, mapping: dict) -> dict:
-    """run.json's `fork` record: the parent (path; identity: hashes of its config (every field, as
-    GeoConfig.to_dict gives it) and of the checkpoint forked from; its own `fork` record when it is a fork), the step, the fields changed against
-    pcfg (the parent's config at `step`) and the mapping."""
+def lineage(prun: Run, pcfg: GeoConfig, cfg: GeoConfig, step: int, mapping: dict) -> dict:
+    """run.json's `fork` record: the parent (path; identity: its config's GeoConfig.sha256 and the hash of
+    the checkpoint forked from; its own `fork` record when it is a fork), the step, the fields changed
+    against pcfg (the parent's config at `step`) and the mapping."""
     old, new = pcfg.to_dict(), cfg.to_dict()
     return {
         "parent": str(prun.path.resolve()),
-        "parent_identity": {"config_sha256": _sha256(json.dumps(GeoConfig.from_dict(header["config"]).to_dict(),
-                                                                sort_keys=True).encode()),
-                            "checkpoint_sha256": _sha256(prun.ckpt_path(step).read_bytes())},
+        "parent_identity": {"config_sha256": prun.config.sha256(),
+                            "checkpoint_sha256": hashlib.sha256(prun.dir.ckpt_path(step).read_bytes()).hexdigest()},
         "step": step,
         "changes": {k: {"from": old[k], "to": new[k]} for k in new if new[k] != old[k]},
         "mapping": mapping,
-        "parent_fork": header.get("fork"),
+        "parent_fork": prun.header.get("fork"),
     }
 
 
@@ -194,10 +192,8 @@ def _forward_changed(pcfg: GeoConfig, cfg: GeoConfig, step: int) -> bool:
     return tau[0] != tau[1]
 
 
-def _evaluate_at(model: GeoTransformer, opt, cfg: GeoConfig, step: int, elapsed: float) -> dict:
-    """The metrics row of `model` at `step` (the training loop's evaluation, on the training device's engine)."""
-    data = make_dataset(cfg)
-    _, forward, _ = select_forward(model)
+def _evaluate_at(model: GeoTransformer, opt, forward, data, step: int, elapsed: float) -> dict:
+    """The metrics row of `model` at `step` on the task's data (the training loop's evaluation with `forward`)."""
     single = SingleStep(model, opt, forward, *data.train, *data.test)
     single.backward()
     row = single.evaluate(step, elapsed)[0]
@@ -205,5 +201,5 @@ def _evaluate_at(model: GeoTransformer, opt, cfg: GeoConfig, step: int, elapsed:
     return row
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def _opt_only(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v for k, v in state.items() if k.startswith("opt.")}
