@@ -2,7 +2,7 @@
 # Every benchmark in one command, each measuring its own reference in the same run:
 #   bash benchmarks/run_all.sh
 # training ms/epoch (straightforward vs hooked vs fast), batched seed-epochs/s, grid sweeps per backend,
-# analysis s/checkpoint, what schedules and the norm clamp cost an epoch.
+# analysis s/checkpoint, what schedules and the norm clamp cost an epoch, what the precursor columns cost.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
@@ -11,3 +11,4 @@ py=${PYTHON:-.venv/bin/python}
 "$py" benchmarks/bench_grid.py
 "$py" benchmarks/bench_analysis.py
 "$py" benchmarks/bench_controls.py
+"$py" benchmarks/bench_precursors.py

@@ -263,8 +263,9 @@ def analyze(
     steps: Optional[str] = typer.Option(None, help="Comma-separated epochs (nearest checkpoints; default: all)."),
     at: Optional[str] = typer.Option(None, help="Epochs for the per-step figures (default: onset and final)."),
     static: str = typer.Option("png,svg", help="Static figure formats: png, pdf, svg, comma-separated ('' for none)."),
-    keys: str = typer.Option("auto", help="Key frequencies of fve_paper, restricted/excluded loss, embed_circles: "
-                             "'auto' (each checkpoint's own), 'final' (the last checkpoint's, for the whole run) or e.g. 4,32."),
+    keys: str = typer.Option("final", help="Key frequencies of fve_paper, restricted/excluded loss, embed_circles: "
+                             "'final' (the last checkpoint's, for the whole run, as Nanda et al.), 'each' (each "
+                             "checkpoint's own) or e.g. 4,32."),
     workers: Optional[int] = typer.Option(None, help="Processes computing checkpoints, one thread each, this one "
                                           "included (default: one per CPU core when at least 16 checkpoints need "
                                           "computing, else 1: only this process)."),
@@ -282,9 +283,9 @@ def analyze(
     check_formats(formats)
     r = load_run(run)
     try:
-        key_choice = keys if keys in ("auto", "final") else [int(k) for k in keys.split(",")]
+        key_choice = keys if keys in ("final", "each") else [int(k) for k in keys.split(",")]
     except ValueError:
-        raise GeoError(f"--keys '{keys}' must be auto, final or comma-separated frequencies, e.g. --keys 4,32") from None
+        raise GeoError(f"--keys '{keys}' must be final, each or comma-separated frequencies, e.g. --keys 4,32") from None
     traj = analyze_run(r, _names(metrics), _ints(steps, "--steps"), progress=not quiet, keys=key_choice,
                        workers=workers, out=out)
     report = write_report(traj, _ints(at, "--at"), formats)

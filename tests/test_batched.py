@@ -156,10 +156,10 @@ def _killed_at(monkeypatch, epoch):
 
     real = batched._evaluate
 
-    def dying(forward, models, e, *args):
+    def dying(forward, models, probes, e, *args):
         if e == epoch:
             raise KeyboardInterrupt
-        return real(forward, models, e, *args)
+        return real(forward, models, probes, e, *args)
 
     monkeypatch.setattr(batched, "_evaluate", dying)
     return lambda: monkeypatch.setattr(batched, "_evaluate", real)

@@ -67,3 +67,15 @@ def test_bench_controls_times_the_four_loops_and_applies_the_schedule(capsys):
     assert r["lr"] == pytest.approx(6e-4 * 5 / 100000) and r["tau"] == 20.0  # epoch 4 of the warmup; the tau window
     bench.main(["--p", "23", "--reps", "2", "--presets", "fb"])
     assert any(line.startswith("fb ") for line in capsys.readouterr().out.splitlines())
+
+
+def test_bench_precursors_times_both_loops_and_records_the_columns(capsys):
+    bench = _load("bench_precursors")
+    r = bench.bench_preset("ln", p=23, reps=2)
+    assert r["without"] > 0 and r["with"] > 0 and r["eval_every"] == 10
+    from geolens.model.config import make_config
+    from geolens.training.precursor_columns import column_names
+
+    assert r["columns"] == 9 + len(column_names(make_config("ln", p=23)))  # the metrics row with every column
+    bench.main(["--p", "23", "--reps", "2", "--presets", "fb"])
+    assert any(line.startswith("fb ") for line in capsys.readouterr().out.splitlines())

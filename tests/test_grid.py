@@ -205,10 +205,10 @@ def test_member_states(tmp_path, monkeypatch):
     # killed between checkpoints: resumed from its resume state
     real = batched._evaluate
 
-    def dying(forward, models, e, *args):
+    def dying(forward, models, probes, e, *args):
         if e == 15:
             raise KeyboardInterrupt
-        return real(forward, models, e, *args)
+        return real(forward, models, probes, e, *args)
 
     k = _member(tmp_path, "killed")
     monkeypatch.setattr(batched, "_evaluate", dying)
@@ -297,10 +297,10 @@ def test_a_lowered_budget_stops_a_killed_member_sooner_as_if_trained_to_it(tmp_p
 
     real = batched._evaluate
 
-    def dying(forward, models, e, *args):
+    def dying(forward, models, probes, e, *args):
         if e == 15:
             raise KeyboardInterrupt
-        return real(forward, models, e, *args)
+        return real(forward, models, probes, e, *args)
 
     killed = _member(tmp_path / "killed", "seed_1")
     monkeypatch.setattr(batched, "_evaluate", dying)

@@ -11,10 +11,16 @@ from geolens.runs.storage import RunDir, write_metrics
 
 
 @pytest.mark.parametrize("values, rule, expected", [
-    ([0, 1, 3, 2, 1], "peak", 20),          # the maximum
-    ([0, 3, 1, 3, 0], "peak", 10),          # the first of equal maxima
+    ([0, 1, 3, 2, 1], "peak", 20),          # the maximum, confirmed by the fall to 2 (by 1 >= 0.2 x 3)
+    ([0, 3, 1, 3, 0], "peak", 10),          # the first maximum confirmed
+    ([0, 10, 9, 12, 5], "peak", 30),        # 10 -> 9 falls back by 1 < 0.2 x 10: not a peak; 12 is
+    ([0, 10, 8, 12, 5], "peak", 10),        # 10 -> 8 falls back by 0.2 x 10: confirmed, later values do not matter
     ([0, 1, 2, 3, 4], "peak", None),        # still rising at the end: no peak
     ([4, 3, 2, 1, 0], "peak", None),        # falling from the start: no peak
+    ([5, 2, 4, 1, 3], "trough", 10),        # 5 -> 2, back up to 4 (by 2 >= 0.2 x 3): the collapse at 10
+    ([1, 2, 3, 4, 5], "trough", None),
+    ([None, None, 3, 1, 3], "trough", 30),  # rows without the column are not part of the series
+    ([None, None, None, None, 3], "peak", None),
     ([10, 9, 6, 4, 0], "crossing:0.5", 30),  # 10 -> 0: half the change is covered at 4 (epoch 30)
     ([0, 1, 5, 9, 10], "crossing:0.5", 20),
     ([2, 2, 2, 2, 2], "crossing:0.5", None),  # no change, no crossing
@@ -24,8 +30,49 @@ def test_event_rules(values, rule, expected):
 
 
 def test_an_unknown_rule_is_refused():
-    with pytest.raises(GeoError, match="unknown event rule 'valley'"):
-        event_epoch([0, 10], [1, 2], "valley")
+    for rule in ("valley", "crossing:2", "crossing:x"):
+        with pytest.raises(GeoError, match=f"unknown event rule '{rule}'"):
+            event_epoch([0, 10], [1, 2], rule)
+
+
+def test_the_progress_line_watch_fires_the_offline_events():
+    """EventWatch, fed rows one by one as `geolens train` does, fires each causal precursor at the row
+    that confirms it, with the epoch event_epoch gives over the whole record."""
+    from geolens.runs.precursor_events import EventWatch
+
+    rows = [{"epoch": 10 * i, "train_loss": 0.1, "test_loss": t, "weight_norm": 5.0, "attn_var": a}
+            for i, (t, a) in enumerate([(1, 0), (3, 4), (2, 10), (1, 6), (1, 1)])]
+    watch, fired_at = EventWatch(), {}
+    for row in rows:
+        for name in watch.add(row):
+            fired_at[name] = row["epoch"]
+    assert watch.fired == {"test_loss": 10, "loss_gap": 10, "attn_var": 20}
+    assert fired_at == {"test_loss": 20, "loss_gap": 20, "attn_var": 30}  # confirmed one evaluation later
+    for name, epoch in watch.fired.items():
+        p = next(p for p in PRECURSORS if p.name == name)
+        assert event_epoch([r["epoch"] for r in rows], [p.value(r) for r in rows], p.rule) == epoch
+    assert watch.describe() == "3 fired: test_loss peak @10, loss_gap peak @10, attn_var peak @20"
+    assert EventWatch(rows[:3]).fired == {"test_loss": 10, "loss_gap": 10}  # a resumed run's rows so far
+
+
+def test_train_shows_fired_events_in_its_progress_line(tmp_path, monkeypatch):
+    from geolens.training import progress_bar, train
+
+    shown = []
+    monkeypatch.setattr(progress_bar.EpochProgress, "update", lambda self, epoch, stats: shown.append((epoch, stats)))
+    cfg = make_config("ln", p=23, frac_train=0.5, d_model=32, d_head=8, d_mlp=64, epochs=300, eval_every=10, lr=3e-3)
+    res = train.train(cfg, tmp_path / "run", progress=False)
+    from geolens.analysis.precursors import run_events
+    from geolens.runs.run import Run
+
+    events = {n: e for n, e in run_events(Run(res.path)).items() if e is not None and n != "logit_scale"}
+    causal = {p.name for p in PRECURSORS if p.rule in ("peak", "trough")}
+    fired = {n: e for n, e in events.items() if n in causal}
+    assert fired, "this run has causal precursor events"
+    first = min(fired.values())
+    before = [s for e, s in shown if e <= first]
+    assert all("fired" not in s for s in before)
+    assert f"{len(fired)} fired:" in shown[-1][1]
 
 
 def test_lead_statistics_of_known_pairs():
@@ -54,7 +101,9 @@ def _run(path, seed, onset, gap_peak, epochs=3000):
                       "stop_reason": "completed"})
     rows = [{"epoch": e, "train_loss": 0.01, "train_acc": 1.0, "test_loss": 5.0 - abs(e - gap_peak) / 1000,
              "test_acc": 0.97 if e >= onset else 0.1, "weight_norm": 10.0 + e / 1000, "grad_norm": 0.1,
-             "max_abs_logit": min(e, onset) / 100, "elapsed_s": 0.0} for e in range(0, epochs + 1, 10)]
+             "max_abs_logit": min(e, onset) / 100, "elapsed_s": 0.0,
+             "attn_var": 1.0 + max(0.0, 1 - abs(e - (onset - 300)) / 200),  # a bump peaking 300 epochs before
+             "erank_mlp": 20.0 - 10 * max(0.0, 1 - abs(e - (onset - 100)) / 100)} for e in range(0, epochs + 1, 10)]
     write_metrics(run.metrics_csv, rows)
     from geolens.runs.storage import atomic_write_json
 
@@ -68,24 +117,27 @@ def test_precursors_command_on_constructed_runs(tmp_path, geolens):
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "out" / "precursors.md").read_text().splitlines()
     rows = {line.split(" | ")[1]: line.split(" | ") for line in md if line.startswith("| ln")}
-    assert set(rows) == {p.name for p in PRECURSORS}
+    recorded = {"test_loss", "loss_gap", "weight_norm", "logit_scale", "attn_var", "erank_mlp"}
+    assert set(rows) == recorded  # the precursors these runs hold columns for
     # test loss peaks at 600 / 1,500 / 1,100 before onsets 1,000 / 2,000 / 1,500: leads 400, 500, 400
     assert rows["test_loss"][3:9] == ["3", "3", "1.00", "400", "400 to 450", "+1.00"]
     # the weight norm grows to the end: no peak in any run
     assert rows["weight_norm"][4:6] == ["0", "-"]
     # the logit scale rises until the onset and then holds: it crosses half its change at half the onset
     assert rows["logit_scale"][6] == "750"
+    assert rows["attn_var"][3:9] == ["3", "3", "1.00", "300", "300 to 300", "+1.00"]  # the bump's top
+    assert rows["erank_mlp"][2:7] == ["trough", "3", "3", "1.00", "100"]  # the collapse's bottom
     from geolens.outputs.precursor_table import fig_precursors, precursor_rows
 
     (panel,) = fig_precursors(precursor_rows(tmp_path / "runs")[2]).panels  # one configuration
-    assert len(panel.traces) == 3 * len(PRECURSORS)  # every seed a line per precursor
+    assert len(panel.traces) == 3 * len(recorded)  # every seed a line per recorded precursor
     test_loss = [t for t in panel.traces if t.name == "test_loss"]
     assert [t.legend for t in test_loss] == [True, False, False]
     for t in test_loss:  # the peak (1.0 after scaling) is 400 or 500 epochs before the onset (x = 0)
         assert max(t.y) == 1.0 and t.x[t.y.index(1.0)] in (-400, -500) and min(t.y) == 0.0
     assert (tmp_path / "out" / "precursors.png").stat().st_size > 0
     csv_lines = (tmp_path / "out" / "precursors.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("configuration,precursor,rule,runs") and len(csv_lines) == 1 + len(PRECURSORS)
+    assert csv_lines[0].startswith("configuration,precursor,rule,runs") and len(csv_lines) == 1 + len(recorded)
 
 
 def test_precursors_without_runs_is_one_line(tmp_path, geolens):

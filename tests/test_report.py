@@ -90,3 +90,38 @@ def test_a_narrower_rerun_keeps_earlier_results_and_removes_stale_figures(traj):
     assert small.computed == 0 and small.steps == traj.steps
     table = (out / "metrics.csv").read_text()
     assert "fve_paper" in table and "grad_symmetricity" in table  # not only what the narrow call asked for
+
+
+def test_progress_uses_the_final_keys_and_says_so(traj, figures):
+    """Fixed keys by default: the titles name them, the key-set stability epoch is marked, and the embedding
+    circles of every step are drawn on the final keys."""
+    from geolens.analysis.trajectory import keys_settled
+    from geolens.outputs.plots import VLine
+
+    last = traj.values[traj.steps[-1]]["keyfreq_wl_fft"]
+    assert traj.keys == [int(last[f"keyfreq_wl_fft_{r}"]) for r in range(1, 6)]
+    words = f"keys {', '.join(map(str, traj.keys))} pinned over the run"
+    titles = [p.title for p in figures["progress"].panels]
+    assert any(t.startswith("restricted / excluded loss") and words in t for t in titles)
+    settled = keys_settled(traj)
+    assert settled in traj.steps
+    marks = [t for t in figures["progress"].panels[0].traces if isinstance(t, VLine)]
+    assert any(m.x == settled and "top-5 keys settled" in m.name for m in marks)
+    circles = figures["embedding_circles"].panels
+    assert {int(p.title.split("k = ")[1].split(" ")[0]) for p in circles} == set(traj.keys)
+
+
+def test_key_stability_is_the_first_step_of_the_final_key_set(traj):
+    from dataclasses import replace
+
+    from geolens.analysis.trajectory import keys_settled
+
+    def ranked(*keys):
+        return {"keyfreq_wl_fft": {**{f"keyfreq_wl_fft_{r}": float(k) for r, k in enumerate(keys, 1)},
+                                   "keyfreq_wl_fft_share": 0.5}}
+
+    values = {0: ranked(1, 2, 3, 4, 5), 10: ranked(5, 4, 3, 2, 1), 20: ranked(1, 2, 3, 4, 6), 30: ranked(6, 4, 3, 2, 1),
+              40: ranked(1, 2, 3, 4, 6)}
+    assert keys_settled(replace(traj, steps=sorted(values), values=values)) == 20  # as sets; order does not count
+    assert keys_settled(replace(traj, steps=[0], values={0: ranked(1, 2, 3, 4, 5)})) == 0
+    assert keys_settled(replace(traj, steps=[0], values={0: {}})) is None

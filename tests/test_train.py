@@ -122,10 +122,10 @@ def test_killed_run_resumes_bit_identically(tmp_path, monkeypatch):
 
     real_eval = training._evaluate
 
-    def dying_eval(model, forward, epoch, *args):
+    def dying_eval(model, probe, forward, epoch, *args):
         if epoch == 35:
             raise KeyboardInterrupt  # killed between checkpoints 30 and 40
-        return real_eval(model, forward, epoch, *args)
+        return real_eval(model, probe, forward, epoch, *args)
 
     monkeypatch.setattr(training, "_evaluate", dying_eval)
     with pytest.raises(KeyboardInterrupt):

@@ -73,17 +73,22 @@ def test_subset_of_metrics_and_steps(tmp_path, run_dir):
 
 def test_pinned_keys_recompute_only_key_metrics_and_are_cached_per_choice(run_dir):
     run = load_run(run_dir)
-    auto = analyze_run(run, progress=False)
-    final_keys = auto.values[120]["keyfreq_wl_fft"]
-    final = analyze_run(load_run(run_dir), keys="final", progress=False)
+    final = analyze_run(run, progress=False)  # the default: the final checkpoint's keys over the run
+    final_keys = final.values[120]["keyfreq_wl_fft"]
+    keys = [int(final_keys[f"keyfreq_wl_fft_{r}"]) for r in range(1, 6)]
+    assert final.keys == keys
+    each = analyze_run(load_run(run_dir), keys="each", progress=False)
+    assert each.keys is None
     key_metrics = {n for n, spec in METRICS.items() if spec.uses_keys}
     assert key_metrics == {"fve_paper", "restricted_loss", "excluded_loss", "embed_circles"}
-    assert final.computed == len(key_metrics) * 4
-    # every checkpoint now uses the final checkpoint's keys: step 120 is unchanged
-    assert final.values[120] == auto.values[120]
-    assert [final_keys[f"keyfreq_wl_fft_{r}"] for r in range(1, 6)] == json.loads(
-        (run_dir / "analysis" / "cache" / "step_0000000.json").read_text())["metrics"]["fve_paper"]["keys"]
-    assert final.values[0]["fve_paper"] != auto.values[0]["fve_paper"]  # step 0 has other keys of its own
+    assert each.computed == len(key_metrics) * 4
+    # the last checkpoint's own keys are the final ones: step 120 is the same either way
+    assert each.values[120] == final.values[120]
+    assert final.values[0]["fve_paper"] != each.values[0]["fve_paper"]  # step 0 has other keys of its own
+    again = analyze_run(load_run(run_dir), progress=False)
+    assert again.computed == len(key_metrics) * 4  # the cache holds one choice per metric: back to the final keys
+    assert again.values == final.values
+    assert json.loads((run_dir / "analysis" / "cache" / "step_0000000.json").read_text())["metrics"]["fve_paper"]["keys"] == keys
     assert analyze_run(load_run(run_dir), keys="final", progress=False).computed == 0
     explicit = analyze_run(load_run(run_dir), keys=[3, 5], metrics=["fve_paper"], progress=False)
     assert explicit.computed == 4 and all(

@@ -25,6 +25,7 @@ from torch.nn.functional import embedding_bag
 
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig
+from geolens.model.spectrum import discrete_log_order, primitive_root
 
 
 # ---- the basis -------------------------------------------------------------------------------
@@ -156,43 +157,6 @@ def diagonal_sums(grid: Float[Tensor, "n n ..."], sign: int = 1) -> Float[Tensor
     n = grid.shape[0]
     flat = grid.reshape(n * n, -1)
     return embedding_bag(_diagonal_bags(n, sign), flat, mode="sum").view(n, *grid.shape[2:])
-
-
-# ---- discrete logarithms ---------------------------------------------------------------------
-def _prime_factors(n: int) -> list[int]:
-    out, d = [], 2
-    while d * d <= n:
-        if n % d == 0:
-            out.append(d)
-            while n % d == 0:
-                n //= d
-        d += 1
-    if n > 1:
-        out.append(n)
-    return out
-
-
-def primitive_root(p: int) -> int:
-    """Smallest generator g of the multiplicative group Z_p^* (p prime); 3 for p = 113."""
-    if p == 2:
-        return 1
-    factors = _prime_factors(p - 1)
-    for g in range(2, p):
-        if all(pow(g, (p - 1) // q, p) != 1 for q in factors):
-            return g
-    raise GeoError(f"no primitive root mod {p}; is p prime?")
-
-
-def discrete_log_order(p: int, g: int | None = None) -> Int[Tensor, "p_minus_1"]:
-    """Tokens 1..p-1 in discrete-log order: entry i is g^i mod p (g = primitive_root(p) by default)."""
-    g = primitive_root(p) if g is None else g
-    out, x = [], 1
-    for _ in range(p - 1):
-        out.append(x)
-        x = x * g % p
-    if len(set(out)) != p - 1:
-        raise GeoError(f"{g} is not a primitive root mod {p}")
-    return torch.tensor(out)
 
 
 # ---- the frame -------------------------------------------------------------------------------

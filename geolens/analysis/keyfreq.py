@@ -15,17 +15,13 @@ from torch import Tensor
 from torch.nn.functional import embedding_bag, mse_loss
 
 from geolens.analysis.fourier import basis_freqs, fourier_basis
+from geolens.model.spectrum import wl_energy, wl_spectrum
 
 NEURON_SHARE_MIN = 0.85  # Nanda: a neuron is "clean" when one frequency holds > 85% of its energy
 EMBED_REL_MIN = 0.25  # keyfreq_embed: frequencies whose norm exceeds max / 4
 
 
 # ---- the paper's rule --------------------------------------------------------------------------
-def wl_spectrum(W_L: Float[Tensor, "d_mlp n"]) -> Float[Tensor, "K1"]:
-    """|rfft| of W_L along the class axis, L2 norm over neurons: one value per bin 0..n//2."""
-    return torch.fft.rfft(W_L, dim=-1).abs().norm(dim=0)
-
-
 def keyfreq_wl_fft(W_L: Float[Tensor, "d_mlp n"], k: int = 5) -> Int[Tensor, "k"]:
     """The paper's key frequencies: the top-k bins of wl_spectrum with the DC bin dropped.
 
@@ -36,18 +32,6 @@ def keyfreq_wl_fft(W_L: Float[Tensor, "d_mlp n"], k: int = 5) -> Int[Tensor, "k"
     spec[0] = -1.0  # DC never counts
     k = min(k, spec.numel() - 1)
     return spec.topk(k).indices
-
-
-def wl_energy(W_L: Float[Tensor, "d_mlp n"]) -> Float[Tensor, "K1"]:
-    """Energy of W_L per bin 0..n//2 (Parseval-weighted: bins with a mirror image count twice, so
-    the bins sum to n * ||W_L||^2)."""
-    n = W_L.shape[-1]
-    power = wl_spectrum(W_L).square()
-    weight = torch.full_like(power, 2.0)
-    weight[0] = 1.0
-    if n % 2 == 0:
-        weight[-1] = 1.0
-    return power * weight
 
 
 def wl_energy_shares(W_L: Float[Tensor, "d_mlp n"]) -> Float[Tensor, "K"]:

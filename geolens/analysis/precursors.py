@@ -1,65 +1,27 @@
 """Precursors of the grokking onset: which recorded quantity announces it, how early and how reliably.
 
-A Precursor is a quantity of a run's metrics.csv rows (a column or one derived from columns) with one
-rule that turns its series into an event epoch, applied the same way to every run:
-    peak           the first evaluated epoch at which the series is largest; none when that is its
-                   first or last evaluation (a series falling from the start, or still rising at the
-                   end, has not peaked)
-    crossing:F     the first evaluated epoch at which the series has covered the fraction F of its
-                   eventual change (from its first to its last value); none when it does not change
-Events are read off the whole record, so "precedes the onset" is a statement about the trajectory,
-not an online warning. lead_stats summarises a configuration's runs: how many have an event, the
+The precursors and their event rules are geolens.runs.precursor_events' (one rule per precursor, the
+same for every run). lead_stats summarises a configuration's runs: how many have an event, the
 fraction whose event precedes the onset, the median and interquartile range of the lead (onset minus
 event), the Spearman correlation of event epoch and onset across seeds, and the leave-one-out mean
 absolute error of predicting each run's onset from its event epoch (a line fitted to the other runs)
-against predicting the other runs' mean onset. docs/metrics.md defines each precursor, docs/precursors.md
-measures them.
+against predicting the other runs' mean onset. docs/metrics.md defines each precursor,
+docs/precursors.md measures them.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from geolens.errors import GeoError
+from geolens.runs.precursor_events import PRECURSORS, Precursor, event_epoch
 from geolens.runs.run import Run
 from geolens.runs.runset import RunGroup
 
-@dataclass(frozen=True)
-class Precursor:
-    """name, how its value is read from a metrics row, and its event rule ('peak' or 'crossing:F');
-    docs/metrics.md defines each."""
-
-    name: str
-    value: Callable[[dict[str, float]], float]
-    rule: str
-
-
-PRECURSORS = [
-    Precursor("test_loss", lambda r: r["test_loss"], "peak"),
-    Precursor("loss_gap", lambda r: r["test_loss"] - r["train_loss"], "peak"),
-    Precursor("weight_norm", lambda r: r["weight_norm"], "peak"),
-    Precursor("logit_scale", lambda r: r["max_abs_logit"], "crossing:0.5"),
-]
-
-
-def event_epoch(epochs: list[int], values: list[float], rule: str) -> int | None:
-    """The event of a series (values at epochs, ascending) under `rule` (module docstring); None if none."""
-    if len(epochs) != len(values) or not epochs:
-        raise GeoError(f"a series needs as many values as epochs (got {len(values)} and {len(epochs)})")
-    if rule == "peak":
-        top = max(range(len(values)), key=lambda i: (values[i], -i))
-        return None if top in (0, len(values) - 1) else epochs[top]
-    if rule.startswith("crossing:"):
-        frac = float(rule.split(":", 1)[1])
-        change = values[-1] - values[0]
-        if change == 0:
-            return None
-        return next(e for e, v in zip(epochs, values) if (v - values[0]) / change >= frac)
-    raise GeoError(f"unknown event rule {rule!r}; use 'peak' or 'crossing:F' with 0 < F <= 1")
+__all__ = ["PRECURSORS", "Precursor", "event_epoch", "LeadStats", "lead_stats", "run_events", "recorded",
+           "group_precursors"]
 
 
 @dataclass
@@ -136,14 +98,21 @@ def _loo(x: list[float], y: list[float]) -> tuple[float | None, float]:
 
 
 def run_events(run: Run) -> dict[str, int | None]:
-    """Every precursor's event epoch in one run's metrics.csv."""
+    """Every precursor's event epoch in one run's metrics.csv (None without an event or a record)."""
     rows = run.metrics
     epochs = [int(r["epoch"]) for r in rows]
     return {p.name: event_epoch(epochs, [p.value(r) for r in rows], p.rule) for p in PRECURSORS}
 
 
+def recorded(precursor: Precursor, run: Run) -> bool:
+    """Whether the run's rows hold this precursor (the precursor columns exist in runs of this version on)."""
+    return any(precursor.value(r) is not None for r in run.metrics)
+
+
 def group_precursors(group: RunGroup) -> list[LeadStats]:
-    """LeadStats of every precursor over a configuration's runs that have an onset (onset_095)."""
+    """LeadStats of every precursor a run of the configuration recorded, over its runs that have an
+    onset (onset_095) and the precursor's record."""
     with_onset = [(r, r.events.get("onset_095")) for r in group.runs]
-    events = [(onset, run_events(r)) for r, onset in with_onset if onset is not None]
-    return [lead_stats(p.name, [(onset, ev[p.name]) for onset, ev in events]) for p in PRECURSORS]
+    events = [(r, onset, run_events(r)) for r, onset in with_onset if onset is not None]
+    return [lead_stats(p.name, [(onset, ev[p.name]) for r, onset, ev in events if recorded(p, r)])
+            for p in PRECURSORS if any(recorded(p, r) for r in group.runs)]

@@ -26,11 +26,12 @@ class AnalysisRun(Run):
         return probe_run(self, step)
 
     def analyze(self, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = False,
-                keys: str | list[int] | None = None, workers: int | None = None,
+                keys: str | list[int] | None = "final", workers: int | None = None,
                 out: str | Path | None = None) -> Trajectory:
         """Metrics at every (or the chosen) checkpoint, cached: a trajectory.Trajectory holding these and
         every other cached metric of the run.
-        keys: 'auto' (default), 'final' or frequencies to pin (trajectory.resolve_keys).
+        keys: 'final' (default: the last checkpoint's keys over the run), 'each' (every checkpoint's own)
+        or frequencies to pin (trajectory.resolve_keys).
         workers: processes computing checkpoints, this one included (None: automatic; 1: only this
         process; see trajectory.analyze_run). out: the analysis folder (default RUN/analysis)."""
         return analyze_run(self, metrics, steps, progress, keys, workers, out)

@@ -56,6 +56,7 @@ class Trajectory:
     skipped: dict[str, str]
     computed: int  # how many (step, metric) pairs were computed in this call (the rest came from cache)
     out: Path
+    keys: list[int] | None = None  # the key frequencies pinned over the trajectory; None: each checkpoint's own
 
     def series(self, metric: str, name: str | None = None) -> tuple[list[int], list[float]]:
         """(steps, values) of one scalar over the trajectory (name defaults to the metric's name)."""
@@ -130,22 +131,26 @@ def select_steps(run: Run, steps: list[int] | None) -> list[int]:
     return sorted({run.nearest_step(s) for s in steps})
 
 
-def resolve_keys(run: Run, keys: str | list[int] | None) -> list[int] | None:
-    """The key frequencies to pin over the whole trajectory: None or 'auto' (each checkpoint's
-    own keyfreq_wl_fft), 'final' (the last checkpoint's keyfreq_wl_fft, as Nanda et al. fix the
-    final model's keys), or explicit frequencies (each in 1..n//2, n the group order)."""
+def resolve_keys(run: Run, keys: str | list[int] | None, final_entry: dict | None = None) -> list[int] | None:
+    """The key frequencies to pin over the whole trajectory: 'final' (the default: the last
+    checkpoint's keyfreq_wl_fft, as Nanda et al. fix the final model's keys; None for S_n, which has
+    none), None or 'each' (each checkpoint's own keyfreq_wl_fft: a change of keys then moves the
+    key-frequency metrics), or explicit frequencies (each in 1..n//2, n the group order).
+    final_entry: the last checkpoint's cached keyfreq_wl_fft values, if current (saves its forward)."""
     from geolens.analysis import AnalysisContext
     from geolens.analysis.fourier import cyclic_frame
 
-    if keys is None or keys == "auto":
+    if keys is None or keys == "each" or (keys == "final" and run.config.task == "perm"):
         return None
     if run.config.task == "perm":
         raise GeoError("key frequencies need a cyclic group Z_p; task perm has none: drop --keys")
     if keys == "final":
+        if final_entry is not None:
+            return [int(v) for k, v in final_entry.items() if k != "keyfreq_wl_fft_share" and v == v]
         last = select_steps(run, None)[-1]
         return [int(k) for k in AnalysisContext(run.model_at(last), run.config_at(last), run.dataset).key_freqs]
     if isinstance(keys, str):
-        raise GeoError(f"unknown key choice {keys!r}: use 'auto', 'final' or a list of frequencies")
+        raise GeoError(f"unknown key choice {keys!r}: use 'final', 'each' or a list of frequencies")
     n = cyclic_frame(run.config).n
     bad = [k for k in keys if not 1 <= k <= n // 2]
     if bad or not keys:
@@ -255,12 +260,12 @@ def cached_metrics(run: Run, step: int, names: list[str]) -> dict[str, dict[str,
 
 def analyze_run(
     run: Run, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = True,
-    keys: str | list[int] | None = None, workers: int | None = None, out: str | Path | None = None,
+    keys: str | list[int] | None = "final", workers: int | None = None, out: str | Path | None = None,
 ) -> Trajectory:
     """Evaluate metrics (all by default) at the chosen checkpoints, reusing the cache; returns (and
     writes to OUT/metrics.csv) everything known about the run: these and every other cached metric.
 
-    keys: resolve_keys choice for the key-frequency metrics (default: each checkpoint's own).
+    keys: resolve_keys choice for the key-frequency metrics (default: the final checkpoint's).
     workers: processes computing checkpoints, one thread each, the calling process included (it
     computes while the workers-1 spawned ones start); None: os.cpu_count() when at least
     AUTO_WORKERS_MIN_STEPS checkpoints need computing, else 1 (in-process only). Scripts that use
@@ -277,7 +282,6 @@ def analyze_run(
     folder = analysis_folder(run, out)
     versions = metric_versions()
     chosen = select_steps(run, steps)
-    pinned = resolve_keys(run, keys)
 
     def fresh(name: str, entry: dict) -> bool:
         return (isinstance(entry, dict) and entry.get("version") == versions.get(name)
@@ -287,6 +291,9 @@ def analyze_run(
     listed = run.steps  # read once: a run still training adds checkpoints meanwhile
     shas = {step: _sha256(run.dir.ckpt_path(step)) for step in listed}
     entries = {step: _read_cache(sources, step, shas[step]) for step in listed}  # step -> {metric: cache entry}
+    final = entries[listed[-1]].get("keyfreq_wl_fft") if listed else None
+    current = isinstance(final, dict) and final.get("version") == versions["keyfreq_wl_fft"] and "values" in final
+    pinned = resolve_keys(run, keys, final["values"] if current else None)
     jobs = {step: todo for step in chosen if (todo := [n for n in names if not fresh(n, entries[step].get(n))])}
     if workers is None:
         workers = (os.cpu_count() or 1) if len(jobs) >= AUTO_WORKERS_MIN_STEPS else 1
@@ -307,9 +314,31 @@ def analyze_run(
         steps_known = [s for s in listed if known[s]]
         values = {s: {n: e["values"] for n, e in known[s].items() if "values" in e} for s in steps_known}
         skipped = {n: e["skipped"] for s in steps_known for n, e in known[s].items() if "skipped" in e}
-        traj = Trajectory(run, steps_known, values, skipped, sum(map(len, jobs.values())), folder)
+        traj = Trajectory(run, steps_known, values, skipped, sum(map(len, jobs.values())), folder, pinned)
         write_table(traj, folder / "metrics.csv")
     return traj
+
+
+def keys_settled(traj: Trajectory) -> int | None:
+    """Key-frequency stability: the first analysed checkpoint from which every later checkpoint's top-5
+    key set (keyfreq_wl_fft, each checkpoint's own, as a set) is the final one's; None without it."""
+    sets = [(s, frozenset(v for k, v in traj.values[s]["keyfreq_wl_fft"].items() if k != "keyfreq_wl_fft_share" and v == v))
+            for s in traj.steps if "keyfreq_wl_fft" in traj.values[s]]
+    if not sets:
+        return None
+    settled = sets[-1][0]
+    for step, keys in reversed(sets):
+        if keys != sets[-1][1]:
+            break
+        settled = step
+    return settled
+
+
+def keys_words(traj: Trajectory) -> str:
+    """Which key frequencies the key metrics of a trajectory use, in words (figures and report say it)."""
+    if traj.keys is None:
+        return "each checkpoint's own top-5 keys"
+    return f"keys {', '.join(map(str, traj.keys))} pinned over the run"
 
 
 def write_table(traj: Trajectory, path: Path) -> None:

@@ -736,7 +736,9 @@ def fast_logits(model, tokens: Int[Tensor, "batch 3"],
 
     reuse=(eq, rows): eq = fast_eq_forward(model, all_tokens) with the current parameters and
     tokens == all_tokens[rows]: the per-example forward is gathered from eq instead of recomputed
-    (the tables are rebuilt with autograd; the backward is unchanged).
+    (the tables are rebuilt with autograd; the backward is unchanged). rows None: tokens ==
+    all_tokens, and eq's own tensors are the forward (the backward reads them: leave eq's values
+    unmodified until it has run; it does not modify 'resid_post' nor 'mlp_post').
     """
     reason = fast_unsupported_reason(model.cfg)
     if reason is not None:
@@ -747,8 +749,8 @@ def fast_logits(model, tokens: Int[Tensor, "batch 3"],
     if reuse is None:
         return stacked_fast_logits(model.cfg, params, [tokens], model.unembed.tau)[0]
     eq, rows = reuse
-    if eq.versions != _param_versions(model) or not torch.equal(eq.tokens[rows], tokens):
+    if eq.versions != _param_versions(model) or not torch.equal(eq.tokens if rows is None else eq.tokens[rows], tokens):
         raise GeoError("fast_logits(reuse=...) needs a fast_eq_forward of this model's current parameters and "
                        "tokens == its tokens[rows]")
     _check(model.cfg, [tokens])
-    return _apply(model.cfg, params, [tokens], model.unembed.tau, eq.forward.rows(rows))[0]
+    return _apply(model.cfg, params, [tokens], model.unembed.tau, eq.forward if rows is None else eq.forward.rows(rows))[0]

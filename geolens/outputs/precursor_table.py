@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 
 from geolens.analysis.precursors import PRECURSORS, LeadStats, group_precursors
@@ -27,7 +28,7 @@ def precursor_rows(root: str | Path) -> tuple[list[dict[str, str]], list[str], l
     groups = group_runs(runs)
     for group in groups:
         stats = group_precursors(group)
-        if stats[0].runs == 0:
+        if not any(r.events.get("onset_095") is not None for r in group.runs):
             notes.append(f"{group.full_label}: no run has an onset; nothing to lead")
             continue
         rows += [_row(group.full_label, rules[s.precursor], s) for s in stats]
@@ -47,11 +48,14 @@ def fig_precursors(groups: list[RunGroup]) -> FigureSpec | None:
                 onset = run.events.get("onset_095")
                 if onset is None:
                     continue
-                values = [p.value(r) for r in run.metrics]
-                lo, hi = min(values), max(values)
-                scaled = [(v - lo) / (hi - lo) if hi > lo else 0.0 for v in values]
-                traces.append(Line([int(r["epoch"]) - onset for r in run.metrics], scaled, p.name,
-                                   color=PALETTE[i % len(PALETTE)], legend=first))
+                points = [(int(r["epoch"]) - onset, v) for r in run.metrics
+                          if (v := p.value(r)) is not None and not math.isnan(v)]
+                if not points:
+                    continue
+                lo, hi = min(v for _, v in points), max(v for _, v in points)
+                scaled = [(v - lo) / (hi - lo) if hi > lo else 0.0 for _, v in points]
+                traces.append(Line([e for e, _ in points], scaled, p.name, color=PALETTE[i % len(PALETTE)],
+                                   legend=first))
                 first = False
         if traces:
             panels.append(Panel(group.full_label, traces, xlabel="epochs relative to the onset (onset_095)",

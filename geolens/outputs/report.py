@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from geolens.analysis.trajectory import Trajectory, writing
+from geolens.analysis.trajectory import Trajectory, keys_settled, keys_words, writing
 from geolens.outputs.plots import FigureSpec, Heatmap, Line, Panel, Region, VLine, html_page, save_static
 from geolens.runs.storage import atomic_write_bytes
 
@@ -48,16 +48,22 @@ def fig_spectrum(traj: Trajectory) -> FigureSpec | None:
 
 
 def fig_progress(traj: Trajectory) -> FigureSpec:
+    """FVE, restricted / excluded loss (on the trajectory's keys: the titles say which), weight norm and
+    numerical health over the checkpoints, with the onsets and the epoch the top-5 key set settles."""
     marks = onset_markers(traj.run)
+    settled = keys_settled(traj)
+    if settled is not None:
+        marks.append(VLine(settled, f"top-5 keys settled @ {settled}", "#8c564b"))
+    words = keys_words(traj)
 
     def line(metric, name=None, label=None, **kw):
         x, y = traj.series(metric, name)
         return Line(x, y, label or name or metric, mode="lines+markers", **kw)
 
     panels = [
-        Panel("FVE (paper), best key", [line("fve_paper", "fve_paper_U_max", "U"), line("fve_paper", "fve_paper_V_max", "V"), *marks],
+        Panel(f"FVE (paper), best key ({words})", [line("fve_paper", "fve_paper_U_max", "U"), line("fve_paper", "fve_paper_V_max", "V"), *marks],
               "epoch", "percent"),
-        Panel("restricted / excluded loss", [line("restricted_loss", "restricted_loss", "restricted (test)"),
+        Panel(f"restricted / excluded loss ({words})", [line("restricted_loss", "restricted_loss", "restricted (test)"),
                                              line("excluded_loss", "excluded_loss", "excluded (train)"), *marks],
               "epoch", "cross-entropy", logy=True),
         Panel("weight norm", [line("weight_norm"), *marks], "epoch", "||theta||_2"),
@@ -106,7 +112,8 @@ def step_contexts(traj: Trajectory, steps: list[int]) -> dict:
     from geolens.analysis import AnalysisContext
 
     run = traj.run
-    return {step: AnalysisContext(run.model_at(step), run.config_at(step), run.dataset) for step in steps}
+    return {step: AnalysisContext(run.model_at(step), run.config_at(step), run.dataset, key_freqs=traj.keys)
+            for step in steps}
 
 
 def fig_circles(traj: Trajectory, contexts: dict) -> FigureSpec | None:
@@ -160,7 +167,11 @@ def write_report(traj: Trajectory, at: list[int] | None = None, static: tuple[st
     summary = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
                       for k, v in run.summary().items() if v is not None)
     skipped = "".join(f"<li><b>{html.escape(k)}</b>: {html.escape(v)}</li>" for k, v in traj.skipped.items())
-    intro = f"""<table>{summary}</table>
+    settled = keys_settled(traj)
+    keys = (f"<p>Key-frequency metrics (FVE, restricted and excluded loss, embedding circles): {keys_words(traj)}"
+            + (f"; the top-5 key set is the final one from epoch {settled} on" if settled is not None else "") + ".</p>"
+            if run.config.task != "perm" else "")
+    intro = f"""<table>{summary}</table>{keys}
 <p>{len(traj.steps)} checkpoints analysed; metric table: <code>metrics.csv</code> beside this page (step, metric, name, value);
 definitions: docs/metrics.md.</p>
 {f"<p>Skipped metrics:</p><ul>{skipped}</ul>" if skipped else ""}"""

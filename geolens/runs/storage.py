@@ -180,18 +180,26 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 # ---- metrics table ---------------------------------------------------------------------------
 def write_metrics(path: Path, rows: list[dict[str, float]]) -> None:
+    """metrics.csv: the METRIC_COLUMNS every row has, then any further column (the precursor columns,
+    geolens.training.precursor_columns) in the order rows first name them, empty where a row lacks it
+    (a run resumed across versions)."""
+    extra = list(dict.fromkeys(k for row in rows for k in row if k not in METRIC_COLUMNS))
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=METRIC_COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=[*METRIC_COLUMNS, *extra], lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: repr(row[k]) if isinstance(row[k], float) else row[k] for k in METRIC_COLUMNS})
+        writer.writerow({k: repr(v) if isinstance(v, float) else v for k, v in row.items()})
     atomic_write_bytes(path, buf.getvalue().encode())
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
+    """metrics.csv's rows: every METRIC_COLUMNS value (a GeoError if one is missing or not a number),
+    and the further columns a row has a value in (floats; NaN where a config skips one)."""
     try:
         rows = list(csv.DictReader(io.StringIO(read_limited(path).decode("utf-8"), newline="")))
         out = [{k: (int(r[k]) if k == "epoch" else float(r[k])) for k in METRIC_COLUMNS} for r in rows]
+        for row, r in zip(out, rows):
+            row.update({k: float(v) for k, v in r.items() if k not in row and v not in ("", None)})
     except FileNotFoundError:
         raise GeoError(f"{path} is missing; the run has not recorded an evaluation yet") from None
     except (KeyError, ValueError, TypeError, UnicodeDecodeError, csv.Error) as e:

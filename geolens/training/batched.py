@@ -45,6 +45,7 @@ from geolens.runs.integrity import resume_point
 from geolens.runs.runlock import NewRunClaim, RunLock
 from geolens.runs.storage import RunDir, atomic_write_json, load_tensors
 from geolens.training.engine import choose_engine, make_optimizer, out_of_memory_as_error, preflight, training_device
+from geolens.training.precursor_columns import PrecursorProbe, eq_activations
 from geolens.training.progress_bar import sweep_stats
 from geolens.training.recording import from_resume_state, metrics_row, run_header, squared_norms
 from geolens.training.train import Member, TrainResult, run_epochs
@@ -223,8 +224,9 @@ class StackedStep:
                  train_x: list[Tensor], train_y: Tensor, test_x: list[Tensor], test_y: Tensor):
         self.forward, self.models, self.opts, self.recorded = forward, models, opts, recorded
         self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
+        self.probes = [PrecursorProbe(m, x) for m, x in zip(models[:recorded], train_x)]
 
-    def backward(self) -> None:
+    def backward(self, record: bool) -> None:
         self.logits = self.forward(self.train_x)
         self.losses = member_losses(self.logits, self.train_y)
         for opt in self.opts:
@@ -232,8 +234,8 @@ class StackedStep:
         self.losses.sum().backward()
 
     def evaluate(self, epoch: int, elapsed: float) -> list[dict]:
-        return _evaluate(self.forward, self.models, epoch, self.losses, self.logits, self.train_y, self.test_x,
-                         self.test_y, elapsed)[: self.recorded]
+        return _evaluate(self.forward, self.models, self.probes, epoch, self.losses, self.logits, self.train_x,
+                         self.train_y, self.test_x, self.test_y, elapsed)
 
     def update(self) -> None:
         for opt in self.opts:
@@ -244,6 +246,7 @@ class StackedStep:
         member or the original one) while fewer than two are left: a member's numbers are the same in
         every stack of two or more, so they do not change."""
         keep = [i for i, r in enumerate(running) if r]
+        self.probes = [self.probes[i] for i in keep]
         passenger = [next(i for i in range(len(self.models)) if i not in keep)] if len(keep) < 2 else []
         self.recorded = len(keep)
         keep += passenger
@@ -254,13 +257,22 @@ class StackedStep:
 
 
 @torch.no_grad()
-def _evaluate(forward, models, epoch, losses, logits, train_y, test_x, test_y, elapsed) -> list[dict]:
-    """One metrics row per member (the single-run columns), from the training forward and a test forward
-    (one device-to-host transfer for the statistics, one for the norms)."""
+def _evaluate(forward, models, probes, epoch, losses, logits, train_x, train_y, test_x, test_y, elapsed) -> list[dict]:
+    """One metrics row per recorded member (one probe each: the single-run columns and the precursor
+    columns), from the training forward and a test forward (one device-to-host transfer for the
+    statistics, one for the norms)."""
     test_logits = forward(test_x)
+    R = len(probes)
     stats = torch.stack([losses.detach(), (logits.argmax(-1) == train_y).float().mean(1), member_losses(test_logits, test_y),
                          (test_logits.argmax(-1) == test_y).float().mean(1),
-                         torch.maximum(logits.abs().flatten(1).amax(1), test_logits.abs().flatten(1).amax(1))], 1)
-    norms = torch.stack([squared_norms(m) for m in models]).tolist()  # [S][2][n_params]
-    return [metrics_row(epoch, member_stats, member_norms, elapsed)
-            for member_stats, member_norms in zip(stats.tolist(), norms)]
+                         torch.maximum(logits.abs().flatten(1).amax(1), test_logits.abs().flatten(1).amax(1))], 1)[:R]
+    extra = torch.stack([probe.values(m, member_logits, eq_activations(m, x))
+                         for probe, m, member_logits, x in zip(probes, models, logits, train_x)])
+    values = torch.cat([stats, extra], 1).tolist()
+    norms = torch.stack([squared_norms(m) for m in models[:R]]).tolist()  # [R][2][n_params]
+    rows = []
+    for probe, member_values, member_norms in zip(probes, values, norms):
+        row = metrics_row(epoch, member_values[: stats.shape[1]], member_norms, elapsed)
+        rows.append({**row, **probe.row(member_values[stats.shape[1] :], member_norms[0], row["train_loss"],
+                                        row["test_loss"])})
+    return rows

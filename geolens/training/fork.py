@@ -139,7 +139,7 @@ def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict |
     data = make_dataset(cfg)
     engine, forward, why = select_forward(model)
     if _forward_changed(pcfg, cfg, step):
-        rows[-1] = _evaluate_at(model, opt, forward, data, step, rows[-1]["elapsed_s"])
+        rows[-1] = _evaluate_at(model, opt, engine, forward, data, step, rows[-1]["elapsed_s"])
     timing = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0, "write_s": 0.0, "epochs_timed": 0}
     header = {**run_header(cfg, engine, why, len(data.train[1]), len(data.test[1]), step, prun.header,
                            device=training_device(cfg)),
@@ -192,10 +192,10 @@ def _forward_changed(pcfg: GeoConfig, cfg: GeoConfig, step: int) -> bool:
     return tau[0] != tau[1]
 
 
-def _evaluate_at(model: GeoTransformer, opt, forward, data, step: int, elapsed: float) -> dict:
+def _evaluate_at(model: GeoTransformer, opt, engine: str, forward, data, step: int, elapsed: float) -> dict:
     """The metrics row of `model` at `step` on the task's data (the training loop's evaluation with `forward`)."""
-    single = SingleStep(model, opt, forward, *data.train, *data.test)
-    single.backward()
+    single = SingleStep(model, opt, engine, forward, *data.train, *data.test)
+    single.backward(record=True)
     row = single.evaluate(step, elapsed)[0]
     opt.zero_grad(set_to_none=True)
     return row

@@ -30,6 +30,7 @@ from geolens.runs.storage import (
     write_metrics,
 )
 from geolens.training.engine import make_optimizer
+from geolens.training.precursor_columns import skipped_columns
 
 
 # ---- run.json and metrics rows ---------------------------------------------------------------
@@ -40,7 +41,8 @@ def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int,
     who trained which part: the previous segments that began before `start` (a later one trained
     epochs that are trained again now) and one from `start` with this geolens version and commit and
     the machine training on `device` (storage.machine; a run written before segments were recorded
-    starts with one of its recorded version); a fork keeps its lineage (`fork`, geolens.training.fork)."""
+    starts with one of its recorded version); a fork keeps its lineage (`fork`, geolens.training.fork);
+    skipped_columns: the precursor columns this config leaves NaN, with why (precursor_columns)."""
     versions = package_versions()
     segments = (prev or {}).get("segments", [])
     if prev and not segments:
@@ -50,7 +52,8 @@ def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int,
                      "machine": machine(device)})
     lineage = {"fork": prev["fork"]} if prev and "fork" in prev else {}
     return {"config": cfg.to_dict(), "versions": versions, "engine": engine, "engine_reason": why,
-            "n_train": n_train, "n_test": n_test, "segments": segments, **lineage, "status": "running"}
+            "n_train": n_train, "n_test": n_test, "skipped_columns": skipped_columns(cfg), "segments": segments,
+            **lineage, "status": "running"}
 
 
 def squared_norms(model: GeoTransformer) -> Tensor:

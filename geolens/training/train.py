@@ -23,11 +23,13 @@ import torch.nn.functional as F
 
 from geolens.errors import GeoError, warn
 from geolens.model.config import GeoConfig
+from geolens.model.fast import fast_eq_forward, fast_logits
 from geolens.model.schedule import parse_schedule
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
 from geolens.runs.events import early_stop_due, onset_events
 from geolens.runs.integrity import resume_point
+from geolens.runs.precursor_events import EventWatch
 from geolens.runs.runlock import NewRunClaim, RunLock
 from geolens.runs.storage import BackgroundWriter, RunDir, atomic_write_json, load_tensors
 from geolens.training.engine import (
@@ -39,6 +41,7 @@ from geolens.training.engine import (
     training_device,
 )
 from geolens.training.controls import Controls
+from geolens.training.precursor_columns import PrecursorProbe, eq_activations
 from geolens.training.progress_bar import EpochProgress, run_stats
 from geolens.training.recording import (
     finish_run,
@@ -66,8 +69,9 @@ class TrainResult:
 class Step(Protocol):
     """The engine-specific part of a loop, over all the models it trains."""
 
-    def backward(self) -> None:
-        """Training forward at the current weights and backward (fills every parameter's .grad)."""
+    def backward(self, record: bool) -> None:
+        """Training forward at the current weights and backward (fills every parameter's .grad);
+        record: this epoch is evaluated (the step may keep what its precursor columns need)."""
 
     def evaluate(self, epoch: int, elapsed: float) -> list[dict]:
         """The metrics rows of the recorded members it still trains, in order, at this state (from the
@@ -106,7 +110,7 @@ def run_epochs(members: list[Member], step: Step, start: int, resumed: bool, eng
     """Train from epoch `start` until every member is finished; returns each member's TrainResult.
 
     Every epoch: each member's Controls.before (its lr / weight-decay / tau schedule at this epoch),
-    step.backward(); on the eval schedule (every cfg.eval_every epochs and the last,
+    step.backward(evaluated); on the eval schedule (every cfg.eval_every epochs and the last,
     except `start` when resumed: it was evaluated before) the members' metrics rows
     (step.evaluate), and for each member still running its row, onset events, early stop, a
     checkpoint when its schedule asks or it is done (queued on one BackgroundWriter; a new run's
@@ -140,8 +144,8 @@ def run_epochs(members: list[Member], step: Step, start: int, resumed: bool, eng
             t0 = time.perf_counter()
             for i in active:
                 controls[i].before(epoch)
-            step.backward()
             evaluate = (epoch % cfg.eval_every == 0 or epoch == cfg.epochs) and not (resumed and epoch == start)
+            step.backward(evaluate)
             if evaluate:
                 synchronize(dev)  # the queued training work counts as training time
             t1 = time.perf_counter()
@@ -204,21 +208,32 @@ def _run_timing(timing: dict, prev: dict) -> dict:
 
 # ---- the single run ----------------------------------------------------------------------------
 class SingleStep:
-    """Step of one model: its forward (select_forward's engine), mean cross-entropy, its AdamW."""
+    """Step of one model: its forward (select_forward's engine), mean cross-entropy, its AdamW. On an
+    evaluated epoch of the fast engine the training forward is fast_eq_forward's, reused for the
+    gradient (fast_logits(reuse=...), the same numbers), so the precursor columns read its activations."""
 
-    def __init__(self, model: GeoTransformer, opt: torch.optim.Optimizer, forward, train_x, train_y, test_x, test_y):
-        self.model, self.opt, self.forward = model, opt, forward
+    def __init__(self, model: GeoTransformer, opt: torch.optim.Optimizer, engine: str, forward, train_x, train_y,
+                 test_x, test_y):
+        self.model, self.opt, self.engine, self.forward = model, opt, engine, forward
         self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
+        self.probe = PrecursorProbe(model, train_x)
 
-    def backward(self) -> None:
-        self.logits = self.forward(self.train_x)
+    def backward(self, record: bool) -> None:
+        self.acts = None
+        if record and self.engine == "fast":
+            eq = fast_eq_forward(self.model, self.train_x)
+            self.acts = eq.values["resid_post"], eq.values["mlp_post"]
+            self.logits = fast_logits(self.model, self.train_x, reuse=(eq, None))
+        else:
+            self.logits = self.forward(self.train_x)
         self.loss = F.cross_entropy(self.logits, self.train_y)
         self.opt.zero_grad(set_to_none=True)
         self.loss.backward()
 
     def evaluate(self, epoch: int, elapsed: float) -> list[dict]:
-        return [_evaluate(self.model, self.forward, epoch, self.loss, self.logits, self.train_y, self.test_x,
-                          self.test_y, elapsed)]
+        acts = self.acts or eq_activations(self.model, self.train_x)
+        return [_evaluate(self.model, self.probe, self.forward, epoch, self.loss, self.logits, acts, self.train_y,
+                          self.test_x, self.test_y, elapsed)]
 
     def update(self) -> None:
         self.opt.step()
@@ -278,17 +293,26 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
     member = Member(run, cfg, model, opt, rows, manifest,
                     run_header(cfg, engine, why, len(train_y), len(test_y), start, prev, device=dev),
                     (prev or {}).get("timing", {}), claim)
-    step = SingleStep(model, opt, forward, train_x, train_y, test_x, test_y)
+    step = SingleStep(model, opt, engine, forward, train_x, train_y, test_x, test_y)
     label = f"{cfg.preset or cfg.norm} {cfg.task_label}"
-    return run_epochs([member], step, start, resumed, engine, label, lambda rows, active: run_stats(rows[0]),
-                      progress)[0]
+    watch = EventWatch(rows)  # the precursor events so far (a resumed run's rows), then each new row's
+
+    def describe(new_rows: list[dict], active: int) -> str:
+        watch.add(new_rows[0])
+        return " | ".join(filter(None, [run_stats(new_rows[0]), watch.describe()]))
+
+    return run_epochs([member], step, start, resumed, engine, label, describe, progress)[0]
 
 
 @torch.no_grad()
-def _evaluate(model, forward, epoch, loss, logits, train_y, test_x, test_y, elapsed) -> dict:
-    """The metrics row of this epoch (one device-to-host transfer for all of it)."""
+def _evaluate(model, probe, forward, epoch, loss, logits, acts, train_y, test_x, test_y, elapsed) -> dict:
+    """The metrics row of this epoch with its precursor columns (one device-to-host transfer for the
+    statistics, one for the norms)."""
     test_logits = forward(test_x)
     stats = torch.stack([loss.detach(), (logits.argmax(-1) == train_y).float().mean(), F.cross_entropy(test_logits, test_y),
                          (test_logits.argmax(-1) == test_y).float().mean(),
                          torch.maximum(logits.abs().max(), test_logits.abs().max())])
-    return metrics_row(epoch, stats.tolist(), squared_norms(model).tolist(), elapsed)
+    values = torch.cat([stats, probe.values(model, logits, acts)]).tolist()
+    norms = squared_norms(model).tolist()
+    row = metrics_row(epoch, values[: len(stats)], norms, elapsed)
+    return {**row, **probe.row(values[len(stats) :], norms[0], row["train_loss"], row["test_loss"])}

@@ -1,0 +1,195 @@
+"""Precursor columns: what every evaluation records into metrics.csv besides the losses, so that
+`geolens precursors` can ask which quantity announces the onset (docs/metrics.md defines each).
+
+At the evaluated state (the weights the epoch's training forward used), over the training set:
+
+    wn_embed, wn_attn, wn_mlp, wn_norm, wn_unembed   L2 norm of each parameter group (param_group)
+    logit_rms      RMS of the train logits [N, C]
+    logit_margin   mean over the train examples of the largest minus the second-largest logit
+    attn_var_h{h}  variance of the first layer's attention logits of the `=` query (pre-softmax
+                   scores onto a, b and `=`) over every (train example, key) pair, head h; attn_var
+                   their mean over heads. NaN with uniform attention (it has no scores).
+    erank_resid    participation ratio (sum_i l_i)^2 / sum_i l_i^2 of the eigenvalues l_i of the
+                   covariance of the residual stream at `=` after the last block, over the train
+                   examples (1 for one direction, k for k equal ones; from the Gram matrix, no
+                   eigendecomposition); erank_mlp the same for the last MLP's activations at `=`
+    wl_gini        Gini coefficient of W_L's (neuron_logit_map) energy over the non-DC Fourier bins of the
+                   task's cycle (model.spectrum.class_order: discrete-log order for mul), 0 for equal
+                   bins, (K-1)/K for one; wl_top5 the share of its 5 strongest bins. NaN for S_n.
+    loss_gap       test loss minus train loss
+
+`skipped_columns(cfg)` names the columns a config leaves NaN and why (run.json records it). The
+activations come from the engine: `eq_activations` (geolens.model.fast.fast_eq_forward, or the
+hooked forward's hook_resid_post / mlp.hook_post at `=`); the single fast run reuses the epoch's own
+training forward (training.train.SingleStep). The columns are tested equal between the engines.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from geolens.model.config import GeoConfig
+from geolens.model.fast import fast_eq_forward, fast_unsupported_reason
+from geolens.model.readout import unit_columns
+from geolens.model.spectrum import class_order, wl_energy
+from geolens.model.transformer import GeoTransformer
+
+GROUPS = ("embed", "attn", "mlp", "norm", "unembed")
+WL_TOP = 5
+
+
+def param_group(name: str) -> str:
+    """The group of a GeoTransformer parameter: embed (W_E, W_pos), attn (W_Q, W_K, W_V, W_O), mlp
+    (W_in, b_in, W_out, b_out), unembed (W_U), norm (every norm's gain and offset)."""
+    if name.startswith(("embed.", "pos_embed.")):
+        return "embed"
+    if ".attn." in name:
+        return "attn"
+    if ".mlp." in name:
+        return "mlp"
+    if name.startswith("unembed."):
+        return "unembed"
+    return "norm"
+
+
+def group_norms(names: list[str], squared: list[float]) -> dict[str, float]:
+    """{'wn_<group>': L2 norm of the group's parameters} from each parameter's squared norm (0 for a
+    group the model does not have, e.g. wn_norm of the sphere)."""
+    sums = dict.fromkeys(GROUPS, 0.0)
+    for name, sq in zip(names, squared):
+        sums[param_group(name)] += sq
+    return {f"wn_{g}": math.sqrt(s) for g, s in sums.items()}
+
+
+def column_names(cfg: GeoConfig) -> list[str]:
+    """The precursor columns of a config's metrics rows, in metrics.csv order."""
+    heads = [f"attn_var_h{h}" for h in range(cfg.n_heads)]
+    return [f"wn_{g}" for g in GROUPS] + ["logit_rms", "logit_margin", "attn_var", *heads, "erank_resid",
+                                          "erank_mlp", "wl_gini", "wl_top5", "loss_gap"]
+
+
+def skipped_columns(cfg: GeoConfig) -> dict[str, str]:
+    """{column: why it is NaN} for this config."""
+    out = {}
+    if cfg.attention == "uniform":
+        out.update({c: "uniform attention has no attention logits" for c in column_names(cfg) if c.startswith("attn_var")})
+    order, why = class_order(cfg)
+    if order is None:
+        out.update({"wl_gini": why, "wl_top5": why})
+    return out
+
+
+# ---- the quantities, each on plain tensors ---------------------------------------------------
+def logit_scale(logits: Float[Tensor, "N C"]) -> Float[Tensor, "2"]:
+    """[RMS of the logits, mean over rows of the top-1 minus top-2 logit]."""
+    top2 = logits.topk(2, dim=-1).values
+    return torch.stack([logits.square().mean().sqrt(), (top2[:, 0] - top2[:, 1]).mean()])
+
+
+def participation_ratio(X: Float[Tensor, "N d"], block: int = 128) -> Tensor:
+    """(sum l)^2 / sum l^2 of the eigenvalues l of the covariance of X's rows (0-d tensor): tr(G)^2 /
+    ||G||_F^2 with G = Xc^T Xc (Xc centred; Xc Xc^T when that is smaller), from G's blocks on and
+    above the diagonal (G is symmetric: about half a Gram's FLOPs). NaN for constant rows."""
+    Xc = X - X.mean(0)
+    if Xc.shape[1] > Xc.shape[0]:
+        Xc = Xc.T
+    trace = Xc.square().sum()
+    frob = Xc.new_zeros(())
+    for i in range(0, Xc.shape[1], block):
+        Gi = Xc[:, i : i + block].T @ Xc[:, i:]  # block row i of G from its diagonal block on
+        diag = Gi[:, :block].square().sum()
+        frob = frob + diag + 2 * (Gi.square().sum() - diag)
+    return trace.square() / frob
+
+
+def eq_query_scores(model: GeoTransformer, eq_token: int) -> Float[Tensor, "V P H"]:
+    """First-layer attention logits of the `=` query (eq_token at the last position) onto every
+    token v at every position j: [v, j, h] = q_h . k_h(v, j) / sqrt(d_head), from embed_norm's output
+    (the first layer's input depends only on (token, position), so these are all its scores)."""
+    cfg = model.cfg
+    V, P = cfg.d_vocab, cfg.n_ctx
+    R = model.residual_after_embed(torch.arange(V, device=model.embed.W_E.device)[:, None].expand(V, P))  # [V, P, D]
+    attn = model.blocks[0].attn
+    q = torch.einsum("d,hde->he", R[eq_token, P - 1], attn.W_Q)
+    k = torch.einsum("vpd,hde->vphe", R, attn.W_K)
+    return torch.einsum("vphe,he->vph", k, q) / math.sqrt(cfg.d_head)
+
+
+def attention_logit_variance(scores: Float[Tensor, "V P H"], tokens: Int[Tensor, "N P"]) -> Float[Tensor, "H"]:
+    """Per head, the variance (1/n) of scores[tokens[i, j], j] over every example i and key position j."""
+    P = tokens.shape[1]
+    per_key = torch.stack([scores[tokens[:, j], j] for j in range(P)], 1)  # [N, P, H]
+    return per_key.flatten(0, 1).var(0, correction=0)
+
+
+def gini(x: Float[Tensor, "K"]) -> Tensor:
+    """Gini coefficient of non-negative values: sum_i (2i - K - 1) x_(i) / (K sum x), x_(i) ascending."""
+    K = x.numel()
+    i = torch.arange(1, K + 1, dtype=x.dtype, device=x.device)
+    return ((2 * i - K - 1) * x.sort().values).sum() / (K * x.sum())
+
+
+def wl_concentration(W_L: Float[Tensor, "d_mlp n"]) -> Float[Tensor, "2"]:
+    """[Gini of the non-DC bin energies, share of the WL_TOP strongest] of W_L (classes in group order)."""
+    energy = wl_energy(W_L)[1:]
+    return torch.stack([gini(energy), energy.topk(min(WL_TOP, energy.numel())).values.sum() / energy.sum()])
+
+
+def neuron_logit_map(model: GeoTransformer) -> Float[Tensor, "d_mlp C"]:
+    """W_L = W_out @ W_U of the last block (unit-norm W_U columns for the bounded readout): model.W_L
+    without its division by the config's tau, so a tau schedule does not change its rounding."""
+    W_U = model.unembed.W_U.detach()
+    return model.blocks[-1].mlp.W_out.detach() @ (unit_columns(W_U) if model.unembed.bounded else W_U)
+
+
+# ---- a model's columns at one state ------------------------------------------------------------
+@torch.no_grad()
+def eq_activations(model: GeoTransformer, tokens: Int[Tensor, "N P"]) -> tuple[Tensor, Tensor]:
+    """(residual stream after the last block [N, d_model], last MLP's activations [N, d_mlp]) at `=`:
+    fast_eq_forward where the fast path computes the model, else the hooked forward."""
+    if fast_unsupported_reason(model.cfg) is None:
+        values = fast_eq_forward(model, tokens).values
+        return values["resid_post"], values["mlp_post"]
+    last = model.cfg.n_layers - 1
+    names = [f"blocks.{last}.hook_resid_post", f"blocks.{last}.mlp.hook_post"]
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    return cache[names[0]][:, -1], cache[names[1]][:, -1]
+
+
+class PrecursorProbe:
+    """One member's precursor columns (module docstring), built once per model and training set."""
+
+    def __init__(self, model: GeoTransformer, train_x: Int[Tensor, "N P"]):
+        cfg = model.cfg
+        self.cfg, self.train_x = cfg, train_x
+        self.names = [n for n, _ in model.named_parameters()]
+        self.columns = column_names(cfg)
+        self.skipped = skipped_columns(cfg)
+        order, _ = class_order(cfg)
+        self.order = None if order is None else order.to(train_x.device)
+        self.eq_token = int(train_x[0, -1])
+
+    @torch.no_grad()
+    def values(self, model: GeoTransformer, logits: Float[Tensor, "N C"], acts: tuple[Tensor, Tensor]) -> Tensor:
+        """[logit_rms, logit_margin, attn_var, attn_var_h*, erank_resid, erank_mlp, wl_gini, wl_top5]
+        at this state: logits the train logits, acts eq_activations of the train set (NaN where skipped)."""
+        nan = logits.new_full((), float("nan"))
+        H = self.cfg.n_heads
+        if self.cfg.attention == "uniform":
+            attn = nan.expand(H + 1)
+        else:
+            var = attention_logit_variance(eq_query_scores(model, self.eq_token), self.train_x)
+            attn = torch.cat([var.mean()[None], var])
+        wl = nan.expand(2) if self.order is None else wl_concentration(neuron_logit_map(model)[:, self.order])
+        ranks = torch.stack([participation_ratio(a) for a in acts])
+        return torch.cat([logit_scale(logits.detach()), attn, ranks, wl])
+
+    def row(self, values: list[float], squared: list[float], train_loss: float, test_loss: float) -> dict[str, float]:
+        """The columns of one metrics row: values (self.values, as floats), squared (each parameter's
+        squared norm, recording.squared_norms order) and the losses."""
+        named = dict(zip(self.columns[len(GROUPS) :], values))
+        return {**group_norms(self.names, squared), **named, "loss_gap": test_loss - train_loss}
