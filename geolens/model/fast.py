@@ -664,7 +664,7 @@ def _param_versions(model) -> tuple[int, ...]:
     return tuple(p._version for p in model.parameters())
 
 
-def fast_eq_forward(model, tokens: Int[Tensor, "N 3"]) -> FastEq:
+def fast_eq_forward(model, tokens: Int[Tensor, "N 3"], full: bool = True) -> FastEq:
     """No-grad values at `=` of a one-layer GeoTransformer on tokens [N, 3] (N >= 1), for analysis:
     the whole forward of the `=` position, each value equal to the hooked forward's (the hook in
     brackets, at `=`) up to float32 summation order (and ReLU units within rounding of 0).
@@ -681,6 +681,9 @@ def fast_eq_forward(model, tokens: Int[Tensor, "N 3"]) -> FastEq:
     from the training path's tables and embedding bags (no per-input W_O or W_in matmul). The
     embedding rows are the model's own embed_norm output (_attention_at_eq); z = sum_j pattern_j
     v[token_j, j] comes from a per-(token, position) v table.
+
+    full=False: only what the training forward computes anyway ('resid_mid', 'mlp_post',
+    'resid_post', 'logits' and the scales), for the precursor columns recorded while training.
     """
     cfg = model.cfg
     _check(cfg, [tokens])
@@ -690,14 +693,15 @@ def fast_eq_forward(model, tokens: Int[Tensor, "N 3"]) -> FastEq:
         f = _forward_body(plan, spec, t.Sc, t.Tab, t.Tab2, params.get("blocks.0.attn_norm.w"),
                           params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
                           params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"),
-                          params.get("blocks.0.mlp_norm.b"), t.Wr, keep_mlp_out=True)
-        embedded, resid_pre, pattern, z = _attention_at_eq(model, tokens, f.p)
-    last, P = tokens[:, -1], cfg.n_ctx
-    out = {"embed": model.embed.W_E.detach().index_select(0, last),
-           "pos_embed": model.pos_embed.W_pos.detach()[P - 1].expand(len(tokens), -1),
-           "resid_pre": resid_pre, "pattern": pattern, "z": z, "attn_out": f.x[0] - resid_pre, "resid_mid": f.h[0],
-           "mlp_post": f.post[0], "mlp_out": f.mlp_out[0], "resid_post": f.h3[0], "logits": f.logits[0],
-           "embedded": embedded}
+                          params.get("blocks.0.mlp_norm.b"), t.Wr, keep_mlp_out=full)
+        out = {"resid_mid": f.h[0], "mlp_post": f.post[0], "resid_post": f.h3[0], "logits": f.logits[0]}
+        if full:
+            embedded, resid_pre, pattern, z = _attention_at_eq(model, tokens, f.p)
+            last, P = tokens[:, -1], cfg.n_ctx
+            out.update({"embed": model.embed.W_E.detach().index_select(0, last),
+                        "pos_embed": model.pos_embed.W_pos.detach()[P - 1].expand(len(tokens), -1),
+                        "resid_pre": resid_pre, "pattern": pattern, "z": z, "attn_out": f.x[0] - resid_pre,
+                        "mlp_out": f.mlp_out[0], "embedded": embedded})
     if f.a2 is not None:
         out["attn_scale"], out["mlp_scale"] = f.a2[0].reciprocal(), f.a3[0].reciprocal()
     return FastEq(out, tokens, f, _param_versions(model))

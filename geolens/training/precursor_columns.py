@@ -152,7 +152,7 @@ def eq_activations(model: GeoTransformer, tokens: Int[Tensor, "N P"]) -> tuple[T
     """(residual stream after the last block [N, d_model], last MLP's activations [N, d_mlp]) at `=`:
     fast_eq_forward where the fast path computes the model, else the hooked forward."""
     if fast_unsupported_reason(model.cfg) is None:
-        values = fast_eq_forward(model, tokens).values
+        values = fast_eq_forward(model, tokens, full=False).values
         return values["resid_post"], values["mlp_post"]
     last = model.cfg.n_layers - 1
     names = [f"blocks.{last}.hook_resid_post", f"blocks.{last}.mlp.hook_post"]

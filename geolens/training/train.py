@@ -221,7 +221,7 @@ class SingleStep:
     def backward(self, record: bool) -> None:
         self.acts = None
         if record and self.engine == "fast":
-            eq = fast_eq_forward(self.model, self.train_x)
+            eq = fast_eq_forward(self.model, self.train_x, full=False)
             self.acts = eq.values["resid_post"], eq.values["mlp_post"]
             self.logits = fast_logits(self.model, self.train_x, reuse=(eq, None))
         else:
