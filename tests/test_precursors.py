@@ -147,17 +147,19 @@ def test_precursors_without_runs_is_one_line(tmp_path, geolens):
 
 
 def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path):
-    """results/precursors/add is `geolens precursors` on results/table1/table1_lr6e-4 with this code, and
-    docs/precursors.md shows the committed tables."""
+    """results/precursors/{add,mul} are `geolens precursors` on the committed runs of docs/precursors.md
+    with this code, and docs/precursors.md shows the committed tables."""
     import importlib.util
 
     from conftest import REPO
 
     from geolens.outputs.precursor_table import precursor_rows, write_precursor_table
 
-    rows, notes, _ = precursor_rows(REPO / "results" / "table1" / "table1_lr6e-4")
-    write_precursor_table(rows, notes, tmp_path)
-    assert (tmp_path / "precursors.md").read_text() == (REPO / "results" / "precursors" / "add" / "precursors.md").read_text()
+    for grid in ("add", "mul"):
+        rows, notes, _ = precursor_rows(REPO / "results" / "precursors" / "runs" / grid)
+        write_precursor_table(rows, notes, tmp_path / grid)
+        committed = REPO / "results" / "precursors" / grid / "precursors.md"
+        assert (tmp_path / grid / "precursors.md").read_text() == committed.read_text()
     spec = importlib.util.spec_from_file_location("embed", REPO / "analyses" / "reproduction" / "embed_tables.py")
     embed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(embed)
