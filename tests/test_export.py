@@ -154,18 +154,19 @@ def test_shipped_trajectories_are_whole_and_analysed(name, monkeypatch, geolens)
     assert onset is not None and sum(abs(s - onset) <= 500 for s in run.steps) >= len(run.steps) // 2  # dense there
     for path in run.dir.checkpoint_files().values():
         assert path.stat().st_size < 1.2e6  # float32 weights only
-    # the shipped cache covers every checkpoint with every metric: analysing computes nothing
-    from geolens.analysis import METRICS
-    from geolens.analysis.trajectory import cached_metrics
+    # the shipped cache covers every checkpoint with every metric, the key metrics on the final
+    # checkpoint's keys (analyze's default): analysing computes nothing
+    from geolens.analysis import METRICS, metric_versions
 
+    final = json.loads((run.path / "analysis" / "cache" / f"step_{run.steps[-1]:07d}.json").read_text())
+    ranked = final["metrics"]["keyfreq_wl_fft"]["values"]
+    keys = [int(ranked[f"keyfreq_wl_fft_{r}"]) for r in range(1, 6)]
+    versions = metric_versions()
     for step in run.steps:
-        assert sorted(cached_metrics(run, step, list(METRICS))) == sorted(
-            n for n in METRICS if n not in _skipped(run, step)), step
-
-
-def _skipped(run, step) -> set[str]:
-    entries = json.loads((run.path / "analysis" / "cache" / f"step_{step:07d}.json").read_text())["metrics"]
-    return {n for n, e in entries.items() if "skipped" in e}
+        entries = json.loads((run.path / "analysis" / "cache" / f"step_{step:07d}.json").read_text())["metrics"]
+        assert sorted(entries) == sorted(METRICS), step
+        assert all(entries[n]["version"] == versions[n] for n in METRICS), step
+        assert all(entries[n]["keys"] == keys for n in METRICS if METRICS[n].uses_keys), step
 
 
 @pytest.mark.parametrize("name", sorted(REFERENCE_RUNS))
