@@ -127,14 +127,21 @@ def test_precursors_command_on_constructed_runs(tmp_path, geolens):
     assert rows["logit_scale"][6] == "750"
     assert rows["attn_var"][3:9] == ["3", "3", "1.00", "300", "300 to 300", "+1.00"]  # the bump's top
     assert rows["erank_mlp"][2:7] == ["trough", "3", "3", "1.00", "100"]  # the collapse's bottom
+    from geolens.outputs.plots import Line
     from geolens.outputs.precursor_table import fig_precursors, precursor_rows
 
-    (panel,) = fig_precursors(precursor_rows(tmp_path / "runs")[2]).panels  # one configuration
-    assert len(panel.traces) == 3 * len(recorded)  # every seed a line per recorded precursor
-    test_loss = [t for t in panel.traces if t.name == "test_loss"]
-    assert [t.legend for t in test_loss] == [True, False, False]
-    for t in test_loss:  # the peak (1.0 after scaling) is 400 or 500 epochs before the onset (x = 0)
+    spec = fig_precursors(precursor_rows(tmp_path / "runs")[2])
+    assert spec.cols == 1 and [p.title.split(" (")[0] for p in spec.panels] == [
+        p.name for p in PRECURSORS if p.name in recorded]  # a panel per recorded precursor, one configuration
+    panel = next(p for p in spec.panels if p.title.startswith("test_loss (peak)"))
+    seeds = [t for t in panel.traces if isinstance(t, Line) and t.name == "seed"]
+    events = [t for t in panel.traces if isinstance(t, Line) and t.name == "event"]
+    assert len(seeds) == 3 and len(events) == 3
+    for t in seeds:  # the peak (1.0 after scaling) is 400 or 500 epochs before the onset (x = 0)
         assert max(t.y) == 1.0 and t.x[t.y.index(1.0)] in (-400, -500) and min(t.y) == 0.0
+    assert sorted(e.x[0] for e in events) == [-500, -400, -400] and all(e.y == [1.0] for e in events)
+    assert not [t for t in next(p for p in spec.panels if p.title.startswith("weight_norm")).traces
+                if isinstance(t, Line) and t.name == "event"]  # no peak: no marker
     assert (tmp_path / "out" / "precursors.png").stat().st_size > 0
     csv_lines = (tmp_path / "out" / "precursors.csv").read_text().splitlines()
     assert csv_lines[0].startswith("configuration,precursor,rule,runs") and len(csv_lines) == 1 + len(recorded)

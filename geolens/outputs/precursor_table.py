@@ -9,8 +9,8 @@ import io
 import math
 from pathlib import Path
 
-from geolens.analysis.precursors import PRECURSORS, LeadStats, group_precursors
-from geolens.outputs.plots import PALETTE, FigureSpec, Line, Panel
+from geolens.analysis.precursors import PRECURSORS, LeadStats, Precursor, event_epoch, group_precursors
+from geolens.outputs.plots import PALETTE, FigureSpec, Line, Panel, VLine
 from geolens.runs.runset import RunGroup, find_runs, group_runs
 from geolens.runs.storage import atomic_write_bytes
 
@@ -36,34 +36,41 @@ def precursor_rows(root: str | Path) -> tuple[list[dict[str, str]], list[str], l
 
 
 def fig_precursors(groups: list[RunGroup]) -> FigureSpec | None:
-    """Every precursor of every run with an onset against epochs relative to that onset, each series
-    scaled to [0, 1] over the run (min to max) so that the precursors share an axis: one panel per
-    configuration, one colour per precursor, every seed a line (the first seed's in the legend)."""
+    """Every recorded precursor of every run with an onset against epochs relative to that onset: one
+    panel per precursor (rows) and configuration (columns), every seed a line scaled to [0, 1] over its
+    run (min to max), its event (the precursor's rule) a marker, the onset the line x = 0."""
+    with_onset = [g for g in groups if any(r.events.get("onset_095") is not None for r in g.runs)]
     panels = []
-    for group in groups:
-        traces = []
-        for i, p in enumerate(PRECURSORS):
-            first = True
-            for run in group.runs:
-                onset = run.events.get("onset_095")
-                if onset is None:
-                    continue
-                points = [(int(r["epoch"]) - onset, v) for r in run.metrics
-                          if (v := p.value(r)) is not None and not math.isnan(v)]
-                if not points:
-                    continue
-                lo, hi = min(v for _, v in points), max(v for _, v in points)
-                scaled = [(v - lo) / (hi - lo) if hi > lo else 0.0 for _, v in points]
-                traces.append(Line([e for e, _ in points], scaled, p.name, color=PALETTE[i % len(PALETTE)],
-                                   legend=first))
-                first = False
-        if traces:
-            panels.append(Panel(group.full_label, traces, xlabel="epochs relative to the onset (onset_095)",
-                                ylabel="value, scaled to [0, 1] per run", yrange=(-0.05, 1.05)))
+    for p in PRECURSORS:
+        row = [_precursor_panel(p, g, PALETTE[i % len(PALETTE)]) for i, g in enumerate(with_onset)]
+        if any(panel.traces for panel in row):
+            panels += row
     if not panels:
         return None
-    return FigureSpec("precursors", "Precursors against epochs relative to the onset (every seed a line)", panels,
-                      cols=2)
+    return FigureSpec("precursors", "Precursors against epochs relative to the onset (every seed a line, its event a "
+                      "marker)", panels, cols=len(with_onset))
+
+
+def _precursor_panel(p: Precursor, group: RunGroup, color: str) -> Panel:
+    """One precursor over one configuration's runs with an onset (fig_precursors)."""
+    traces = []
+    for run in group.runs:
+        onset = run.events.get("onset_095")
+        if onset is None:
+            continue
+        points = [(int(r["epoch"]), v) for r in run.metrics if (v := p.value(r)) is not None and not math.isnan(v)]
+        if not points:
+            continue
+        lo, hi = min(v for _, v in points), max(v for _, v in points)
+        scaled = {e: (v - lo) / (hi - lo) if hi > lo else 0.0 for e, v in points}
+        traces.append(Line([e - onset for e in scaled], list(scaled.values()), "seed", color=color, legend=False))
+        event = event_epoch(list(scaled), [v for _, v in points], p.rule)
+        if event is not None:
+            traces.append(Line([event - onset], [scaled[event]], "event", mode="markers", color="black", legend=False))
+    if traces:
+        traces.append(VLine(0, "onset", "#2ca02c"))
+    return Panel(f"{p.name} ({p.rule}): {group.full_label}", traces, xlabel="epochs relative to the onset",
+                 ylabel="scaled to [0, 1] per run", yrange=(-0.05, 1.05))
 
 
 def _row(label: str, rule: str, s: LeadStats) -> dict[str, str]:
