@@ -48,7 +48,7 @@ def fig_precursors(groups: list[RunGroup]) -> FigureSpec | None:
     if not panels:
         return None
     return FigureSpec("precursors", "Precursors against epochs relative to the onset (every seed a line, its event a "
-                      "marker)", panels, cols=len(with_onset))
+                      "marker)", panels, cols=len(with_onset), panel_width=3.6)
 
 
 def _precursor_panel(p: Precursor, group: RunGroup, color: str) -> Panel:
