@@ -246,7 +246,7 @@ def to_matplotlib(spec: FigureSpec):
             ax.set_xticks(range(len(slots.labels)), slots.labels, fontsize=7)
         if panel.xticks is not None:
             ax.set_xticks([p for p, _ in panel.xticks], [_wrap(t, TICK_CHARS, "\n") for _, t in panel.xticks], fontsize=6)
-    fig.suptitle(_wrap(spec.title, chars * cols, "\n"), fontsize=10)
+    fig.suptitle(_wrap(spec.title, chars * cols, "\n"), fontsize=10, y=1 - 0.08 / fig.get_figheight(), va="top")
     _legends(fig, axes.flat[: len(spec.panels)])
     return fig
 
