@@ -163,7 +163,7 @@ def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path):
     from geolens.outputs.precursor_table import precursor_rows, write_precursor_table
 
     for grid in ("add", "mul"):
-        rows, notes, _ = precursor_rows(REPO / "results" / "precursors" / "runs" / grid)
+        rows, notes, _ = precursor_rows(REPO / "results" / "precursors" / "records" / grid)
         write_precursor_table(rows, notes, tmp_path / grid)
         committed = REPO / "results" / "precursors" / grid / "precursors.md"
         assert (tmp_path / grid / "precursors.md").read_text() == committed.read_text()
