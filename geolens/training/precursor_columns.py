@@ -168,7 +168,6 @@ class PrecursorProbe:
         self.cfg, self.train_x = cfg, train_x
         self.names = [n for n, _ in model.named_parameters()]
         self.columns = column_names(cfg)
-        self.skipped = skipped_columns(cfg)
         order, _ = class_order(cfg)
         self.order = None if order is None else order.to(train_x.device)
         self.eq_token = int(train_x[0, -1])
