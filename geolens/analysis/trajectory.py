@@ -146,7 +146,7 @@ def resolve_keys(run: Run, keys: str | list[int] | None, final_entry: dict | Non
         raise GeoError("key frequencies need a cyclic group Z_p; task perm has none: drop --keys")
     if keys == "final":
         if final_entry is not None:
-            return [int(v) for k, v in final_entry.items() if k != "keyfreq_wl_fft_share" and v == v]
+            return ranked_keys(final_entry)
         last = select_steps(run, None)[-1]
         return [int(k) for k in AnalysisContext(run.model_at(last), run.config_at(last), run.dataset).key_freqs]
     if isinstance(keys, str):
@@ -292,8 +292,7 @@ def analyze_run(
     shas = {step: _sha256(run.dir.ckpt_path(step)) for step in listed}
     entries = {step: _read_cache(sources, step, shas[step]) for step in listed}  # step -> {metric: cache entry}
     final = entries[listed[-1]].get("keyfreq_wl_fft") if listed else None
-    current = isinstance(final, dict) and final.get("version") == versions["keyfreq_wl_fft"] and "values" in final
-    pinned = resolve_keys(run, keys, final["values"] if current else None)
+    pinned = resolve_keys(run, keys, final["values"] if fresh("keyfreq_wl_fft", final) and "values" in final else None)
     jobs = {step: todo for step in chosen if (todo := [n for n in names if not fresh(n, entries[step].get(n))])}
     if workers is None:
         workers = (os.cpu_count() or 1) if len(jobs) >= AUTO_WORKERS_MIN_STEPS else 1
@@ -319,11 +318,16 @@ def analyze_run(
     return traj
 
 
+def ranked_keys(values: dict[str, float]) -> list[int]:
+    """The key frequencies of one checkpoint's keyfreq_wl_fft values, strongest first (NaN ranks left out)."""
+    return [int(v) for k, v in values.items() if k != "keyfreq_wl_fft_share" and v == v]
+
+
 def keys_settled(traj: Trajectory) -> int | None:
     """Key-frequency stability: the first analysed checkpoint from which every later checkpoint's top-5
     key set (keyfreq_wl_fft, each checkpoint's own, as a set) is the final one's; None without it."""
-    sets = [(s, frozenset(v for k, v in traj.values[s]["keyfreq_wl_fft"].items() if k != "keyfreq_wl_fft_share" and v == v))
-            for s in traj.steps if "keyfreq_wl_fft" in traj.values[s]]
+    sets = [(s, frozenset(ranked_keys(traj.values[s]["keyfreq_wl_fft"]))) for s in traj.steps
+            if "keyfreq_wl_fft" in traj.values[s]]
     if not sets:
         return None
     settled = sets[-1][0]

@@ -9,7 +9,7 @@ import io
 import math
 from pathlib import Path
 
-from geolens.analysis.precursors import PRECURSORS, LeadStats, Precursor, event_epoch, group_precursors
+from geolens.analysis.precursors import PRECURSORS, LeadStats, Precursor, group_precursors, run_events
 from geolens.outputs.plots import PALETTE, FigureSpec, Line, Panel, VLine
 from geolens.runs.runset import RunGroup, find_runs, group_runs
 from geolens.runs.storage import atomic_write_bytes
@@ -27,11 +27,10 @@ def precursor_rows(root: str | Path) -> tuple[list[dict[str, str]], list[str], l
     rows = []
     groups = group_runs(runs)
     for group in groups:
-        stats = group_precursors(group)
-        if not any(r.events.get("onset_095") is not None for r in group.runs):
+        if not _has_onset(group):
             notes.append(f"{group.full_label}: no run has an onset; nothing to lead")
             continue
-        rows += [_row(group.full_label, rules[s.precursor], s) for s in stats]
+        rows += [_row(group.full_label, rules[s.precursor], s) for s in group_precursors(group)]
     return rows, notes, groups
 
 
@@ -39,10 +38,11 @@ def fig_precursors(groups: list[RunGroup]) -> FigureSpec | None:
     """Every recorded precursor of every run with an onset against epochs relative to that onset: one
     panel per precursor (rows) and configuration (columns), every seed a line scaled to [0, 1] over its
     run (min to max), its event (the precursor's rule) a marker, the onset the line x = 0."""
-    with_onset = [g for g in groups if any(r.events.get("onset_095") is not None for r in g.runs)]
+    with_onset = [g for g in groups if _has_onset(g)]
+    events = {run.path: run_events(run) for g in with_onset for run in g.runs}
     panels = []
     for p in PRECURSORS:
-        row = [_precursor_panel(p, g, PALETTE[i % len(PALETTE)]) for i, g in enumerate(with_onset)]
+        row = [_precursor_panel(p, g, PALETTE[i % len(PALETTE)], events) for i, g in enumerate(with_onset)]
         if any(panel.traces for panel in row):
             panels += row
     if not panels:
@@ -51,8 +51,13 @@ def fig_precursors(groups: list[RunGroup]) -> FigureSpec | None:
                       "marker)", panels, cols=len(with_onset), panel_width=3.6)
 
 
-def _precursor_panel(p: Precursor, group: RunGroup, color: str) -> Panel:
-    """One precursor over one configuration's runs with an onset (fig_precursors)."""
+def _has_onset(group: RunGroup) -> bool:
+    return any(r.events.get("onset_095") is not None for r in group.runs)
+
+
+def _precursor_panel(p: Precursor, group: RunGroup, color: str, events: dict) -> Panel:
+    """One precursor over one configuration's runs with an onset (fig_precursors; events: run_events
+    of each run, by path)."""
     traces = []
     for run in group.runs:
         onset = run.events.get("onset_095")
@@ -64,7 +69,7 @@ def _precursor_panel(p: Precursor, group: RunGroup, color: str) -> Panel:
         lo, hi = min(v for _, v in points), max(v for _, v in points)
         scaled = {e: (v - lo) / (hi - lo) if hi > lo else 0.0 for e, v in points}
         traces.append(Line([e - onset for e in scaled], list(scaled.values()), "seed", color=color, legend=False))
-        event = event_epoch(list(scaled), [v for _, v in points], p.rule)
+        event = events[run.path][p.name]
         if event is not None:
             traces.append(Line([event - onset], [scaled[event]], "event", mode="markers", color="black", legend=False))
     if traces:

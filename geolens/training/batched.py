@@ -47,7 +47,7 @@ from geolens.runs.storage import RunDir, atomic_write_json, load_tensors
 from geolens.training.engine import choose_engine, make_optimizer, out_of_memory_as_error, preflight, training_device
 from geolens.training.precursor_columns import PrecursorProbe, eq_activations
 from geolens.training.progress_bar import sweep_stats
-from geolens.training.recording import from_resume_state, metrics_row, run_header, squared_norms
+from geolens.training.recording import evaluated_row, from_resume_state, run_header, squared_norms
 from geolens.training.train import Member, TrainResult, run_epochs
 
 #: config fields members of one batch may differ in (their tau schedules excepted); every other field must agree
@@ -270,9 +270,5 @@ def _evaluate(forward, models, probes, epoch, losses, logits, train_x, train_y, 
                          for probe, m, member_logits, x in zip(probes, models, logits, train_x)])
     values = torch.cat([stats, extra], 1).tolist()
     norms = torch.stack([squared_norms(m) for m in models[:R]]).tolist()  # [R][2][n_params]
-    rows = []
-    for probe, member_values, member_norms in zip(probes, values, norms):
-        row = metrics_row(epoch, member_values[: stats.shape[1]], member_norms, elapsed)
-        rows.append({**row, **probe.row(member_values[stats.shape[1] :], member_norms[0], row["train_loss"],
-                                        row["test_loss"])})
-    return rows
+    return [evaluated_row(probe, epoch, member_values, member_norms, elapsed)
+            for probe, member_values, member_norms in zip(probes, values, norms)]

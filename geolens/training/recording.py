@@ -1,6 +1,7 @@
 """A training run's records: what the loop writes into its run directory, and reads back to resume.
 
-Metrics rows (metrics_row, from the evaluation's statistics and squared_norms), run.json's header
+Metrics rows (metrics_row, from the evaluation's statistics and squared_norms; evaluated_row adds the
+precursor columns), run.json's header
 (run_header), checkpoints with the resume state (write_checkpoint: snapshots now, writes queued on
 a storage.BackgroundWriter in an order that keeps the run directory consistent), the final records
 (finish_run), and the resume state read back into a model and its optimizer (from_resume_state).
@@ -30,7 +31,7 @@ from geolens.runs.storage import (
     write_metrics,
 )
 from geolens.training.engine import make_optimizer
-from geolens.training.precursor_columns import skipped_columns
+from geolens.training.precursor_columns import PrecursorProbe, skipped_columns
 
 
 # ---- run.json and metrics rows ---------------------------------------------------------------
@@ -63,6 +64,9 @@ def squared_norms(model: GeoTransformer) -> Tensor:
                         torch.stack([p.new_zeros(()) if p.grad is None else p.grad.pow(2).sum() for p in params])])
 
 
+N_STATS = 5  # metrics_row's stats: train loss, train acc, test loss, test acc, max |logit|
+
+
 def metrics_row(epoch: int, stats: list[float], norms: list[list[float]], elapsed: float) -> dict:
     """A metrics.csv row from stats (train loss, train acc, test loss, test acc, max |logit|) and
     norms (squared_norms: the parameters' and the gradients' squared norms)."""
@@ -79,6 +83,14 @@ def metrics_row(epoch: int, stats: list[float], norms: list[list[float]], elapse
         "max_abs_logit": max_logit,
         "elapsed_s": elapsed,
     }
+
+
+def evaluated_row(probe: PrecursorProbe, epoch: int, values: list[float], norms: list[list[float]],
+                  elapsed: float) -> dict:
+    """A whole metrics row: metrics_row of values[:N_STATS] (its stats) and the probe's precursor columns
+    from values[N_STATS:] (PrecursorProbe.values), the parameters' squared norms and the losses."""
+    row = metrics_row(epoch, values[:N_STATS], norms, elapsed)
+    return {**row, **probe.row(values[N_STATS:], norms[0], row["train_loss"], row["test_loss"])}
 
 
 # ---- optimizer state and the resume state ----------------------------------------------------

@@ -44,10 +44,10 @@ from geolens.training.controls import Controls
 from geolens.training.precursor_columns import PrecursorProbe, eq_activations
 from geolens.training.progress_bar import EpochProgress, run_stats
 from geolens.training.recording import (
+    evaluated_row,
     finish_run,
     from_resume_state,
     mark_started,
-    metrics_row,
     optimizer_tensors,
     run_header,
     squared_norms,
@@ -313,6 +313,4 @@ def _evaluate(model, probe, forward, epoch, loss, logits, acts, train_y, test_x,
                          (test_logits.argmax(-1) == test_y).float().mean(),
                          torch.maximum(logits.abs().max(), test_logits.abs().max())])
     values = torch.cat([stats, probe.values(model, logits, acts)]).tolist()
-    norms = squared_norms(model).tolist()
-    row = metrics_row(epoch, values[: len(stats)], norms, elapsed)
-    return {**row, **probe.row(values[len(stats) :], norms[0], row["train_loss"], row["test_loss"])}
+    return evaluated_row(probe, epoch, values, squared_norms(model).tolist(), elapsed)
