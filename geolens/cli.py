@@ -1,4 +1,5 @@
-"""The `geolens` command line: train, fork, sweep, info, repair, export, analyze, probe, table, figures, precursors."""
+"""The `geolens` command line: train, fork, sweep, info, repair, export, analyze, probe, table, figures, precursors,
+noise-floor."""
 
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def train(
     schedule: Schedules = [],
     resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint."),
     force: bool = typer.Option(False, help="Replace an existing run in --out."),
+    forecast: Optional[Path] = typer.Option(None, help="Forecast file (`geolens precursors --online --save`): once its rule "
+                                            "for this configuration fires, the progress line shows the expected onset."),
     quiet: Quiet = False,
 ) -> None:
     """Train one run and write its run directory."""
@@ -89,13 +92,30 @@ def train(
     if not resume and "seed" in overrides and "data_seed" not in overrides:
         overrides["data_seed"] = overrides["seed"]  # the paper shuffles the split with the run's seed; so does sweep
     cfg = None if resume else make_config(preset or "fb", **overrides)  # validate before the heavy imports
+    rule = None if forecast is None else _forecast_rule(forecast, cfg or _run_config(out, overrides))
     from geolens.training import train as training
 
     if resume:
-        result = training.resume(out, progress=not quiet, **overrides)
+        result = training.resume(out, progress=not quiet, forecast=rule, **overrides)
     else:
-        result = training.train(cfg, out, force=force, progress=not quiet)
+        result = training.train(cfg, out, force=force, progress=not quiet, forecast=rule)
     _print_summary(result.path)
+
+
+def _run_config(out: Path, changes: dict):
+    """The config a resumed run continues with: its run.json's, with the resumable changes."""
+    from geolens.model.config import GeoConfig
+    from geolens.runs.storage import RunDir
+
+    return GeoConfig.from_dict({**RunDir(out).read_header()["config"], **changes})
+
+
+def _forecast_rule(path: Path, cfg):
+    """The rule of the forecast file fitted on cfg's configuration (refused in one line when none is)."""
+    from geolens.runs.forecast import forecast_for
+    from geolens.runs.runset import group_key
+
+    return forecast_for(path, group_key(cfg)).rule
 
 
 @app.command()
@@ -213,13 +233,18 @@ def demo(
 
 
 @app.command()
-def info(run: Path = typer.Option(..., help="Run directory.")) -> None:
-    """Summarise a run: config, progress, onset events, checkpoints, and any damage (exit 1 if damaged)."""
+def info(
+    run: Path = typer.Option(..., help="Run directory."),
+    forecast: Optional[Path] = typer.Option(None, help="Forecast file: replay its rule for this run's configuration on "
+                                            "the record (default: the rule the run was trained with, if any)."),
+) -> None:
+    """Summarise a run: config, progress, onset events and forecast, checkpoints, and any damage (exit 1 if damaged)."""
     from geolens.runs.integrity import problems
     from geolens.runs.storage import RunDir
 
     damage = problems(RunDir(run))
-    _print_summary(run, damage)
+    rule = None if forecast is None else _forecast_rule(forecast, _run_config(run, {}))
+    _print_summary(run, damage, rule)
     if damage:
         sys.exit(1)
 
@@ -360,28 +385,84 @@ def figures(
 def precursors(
     runs: Path = typer.Option(..., help="Folder searched recursively for run directories (any folder with run.json)."),
     out: Optional[Path] = typer.Option(None, help="Folder for precursors.md and precursors.csv (default: RUNS/precursors)."),
+    online: bool = typer.Option(False, help="Also test online threshold rules on every recorded column, fitted "
+                                "leave-one-seed-out (precursors_online.md/.csv)."),
+    min_warning: int = typer.Option(100, help="Online rules: the least warning (epochs before the onset) a rule must give "
+                                    "on the runs it is fitted on; a rule that fires at the onset is no forecast."),
+    columns: Optional[str] = typer.Option(None, help="Online rules: only these columns, comma-separated (a smaller "
+                                          "family of tests for the Holm correction; default: every recorded column)."),
+    save: Optional[Path] = typer.Option(None, help="Online rules: write each configuration's best rule (fitted on all "
+                                        "its runs) to this forecast file, for `geolens train --forecast FILE`."),
 ) -> None:
     """Which recorded quantity announces the onset: per configuration and precursor, how often its event
-    precedes the onset, the lead, its Spearman correlation with the onset and a leave-one-out prediction;
-    and the figure of every precursor against epochs relative to the onset."""
+    precedes the onset, the lead with its bootstrap interval, its Spearman correlation with the onset
+    with a permutation p-value (Holm-corrected over the table) and a leave-one-out prediction; and the
+    figure of every precursor against epochs relative to the onset. --online: threshold rules on every
+    recorded column tested held-out, and --save the forecast file."""
     from geolens.outputs.plots import save_static
-    from geolens.outputs.precursor_table import COLUMNS, fig_precursors, precursor_rows, write_precursor_table
+    from geolens.outputs.precursor_table import (COLUMNS, ONLINE_COLUMNS, fig_precursors, online_rows, precursor_rows,
+                                                 write_precursor_table)
+    from geolens.runs.forecast import write_forecasts
 
+    if not online and (save is not None or columns is not None):
+        raise GeoError("--save and --columns apply to the online rules; add --online")
+    if min_warning < 0:
+        raise GeoError(f"--min-warning {min_warning} must be >= 0 epochs")
     rows, notes, groups = precursor_rows(runs)
-    table = Table(title=f"{runs}: precursors of the onset (onset_095)")
-    for column in COLUMNS:
-        table.add_column(column, no_wrap=column == "configuration")
-    for row in rows:
-        table.add_row(*(row[c] for c in COLUMNS))
-    (console if console.is_terminal else Console(width=240, markup=False)).print(table)
-    for note in notes:
-        console.print(f"  - {note}", markup=False, highlight=False, soft_wrap=True)
     folder = out or runs / "precursors"
+    _print_rows(f"{runs}: precursors of the onset (onset_095)", COLUMNS, rows, notes)
     paths = write_precursor_table(rows, notes, folder)
     spec = fig_precursors(groups)
     if spec is not None:
         paths += save_static(spec, folder, ("png",))
+    if online:
+        rows, notes, forecasts = online_rows(runs, min_warning, _names(columns))
+        _print_rows(f"{runs}: online threshold rules, leave-one-seed-out (min warning {min_warning:,})",
+                    ONLINE_COLUMNS, rows, notes)
+        paths += write_precursor_table(rows, notes, folder, "precursors_online", ONLINE_COLUMNS)
+        if save is not None:
+            paths.append(write_forecasts(save, forecasts, min_warning))
+            for f in forecasts:
+                console.print(f"forecast for {f.configuration}: {f.rule.describe()}, onset at firing + {f.rule.lead:,.0f} "
+                              f"(held-out MAE {f.loo_mae:,.0f}, mean onset's {f.baseline_mae:,.0f})", soft_wrap=True)
     console.print(f"wrote {', '.join(map(str, paths))}", markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command("noise-floor")
+def noise_floor(
+    runs: list[Path] = typer.Option(..., help="Folder searched recursively for run directories: the same configuration "
+                                    "and seed trained in several float orders (engine, threads, stacked, machine); "
+                                    "repeatable (the runs of every folder together)."),
+    out: Optional[Path] = typer.Option(None, help="Folder for noise_floor.md, .csv and .json (default: the first "
+                                       "RUNS/noise_floor)."),
+) -> None:
+    """The float-order noise floor of the onset: per configuration and seed, the onset of every float order
+    and their spread; per configuration the floor (the largest spread), against which shifts are judged."""
+    from geolens.outputs.noise_floor_table import floor_tables, write_floor_tables
+
+    floors, notes = floor_tables(runs)
+    for f in floors:
+        console.print(f"{f.configuration}: floor {f.floor if f.floor is not None else '-'} epochs", soft_wrap=True)
+        for s in f.seeds:
+            onsets = ", ".join(f"{o}: {v if v is not None else 'none'}" for o, v in s.onsets.items())
+            console.print(f"  seed {s.seed} on {s.machine}: spread {s.spread if s.spread is not None else '-'} ({onsets})",
+                          soft_wrap=True)
+    for note in notes:
+        console.print(f"  - {note}", soft_wrap=True)
+    paths = write_floor_tables(floors, notes, out or runs[0] / "noise_floor")
+    console.print(f"wrote {', '.join(map(str, paths))}", soft_wrap=True)
+
+
+def _print_rows(title: str, columns: list[str], rows: list[dict[str, str]], notes: list[str]) -> None:
+    """A table of text rows and its notes on the console (wide when not a terminal)."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, no_wrap=column == "configuration")
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    (console if console.is_terminal else Console(width=240, markup=False)).print(table)
+    for note in notes:
+        console.print(f"  - {note}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _joined(values: list[str] | None) -> str | None:
@@ -419,11 +500,11 @@ def _ints(text: str | None, flag: str) -> list[int] | None:
         raise GeoError(f"{flag} '{text}' must be comma-separated integers, e.g. {flag} 0,400,1200") from None
 
 
-def _print_summary(path: Path, damage: list[str] = ()) -> None:
+def _print_summary(path: Path, damage: list[str] = (), forecast=None) -> None:
     from geolens.runs.run import load_run
 
     table = Table(show_header=False, title=str(path))
-    for key, value in load_run(path).summary().items():
+    for key, value in load_run(path).summary(forecast).items():
         if value is not None:
             table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     for problem in damage:

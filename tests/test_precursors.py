@@ -1,6 +1,8 @@
 """Precursors of the onset: event rules and lead statistics on constructed series whose answers are known,
 and `geolens precursors` on constructed runs."""
 
+from pathlib import Path
+
 import pytest
 from conftest import one_line_error
 
@@ -33,46 +35,6 @@ def test_an_unknown_rule_is_refused():
     for rule in ("valley", "crossing:2", "crossing:x"):
         with pytest.raises(GeoError, match=f"unknown event rule '{rule}'"):
             event_epoch([0, 10], [1, 2], rule)
-
-
-def test_the_progress_line_watch_fires_the_offline_events():
-    """EventWatch, fed rows one by one as `geolens train` does, fires each causal precursor at the row
-    that confirms it, with the epoch event_epoch gives over the whole record."""
-    from geolens.runs.precursor_events import EventWatch
-
-    rows = [{"epoch": 10 * i, "train_loss": 0.1, "test_loss": t, "weight_norm": 5.0, "attn_var": a}
-            for i, (t, a) in enumerate([(1, 0), (3, 4), (2, 10), (1, 6), (1, 1)])]
-    watch, fired_at = EventWatch(), {}
-    for row in rows:
-        for name in watch.add(row):
-            fired_at[name] = row["epoch"]
-    assert watch.fired == {"test_loss": 10, "loss_gap": 10, "attn_var": 20}
-    assert fired_at == {"test_loss": 20, "loss_gap": 20, "attn_var": 30}  # confirmed one evaluation later
-    for name, epoch in watch.fired.items():
-        p = next(p for p in PRECURSORS if p.name == name)
-        assert event_epoch([r["epoch"] for r in rows], [p.value(r) for r in rows], p.rule) == epoch
-    assert watch.describe() == "3 fired: test_loss peak @10, loss_gap peak @10, attn_var peak @20"
-    assert EventWatch(rows[:3]).fired == {"test_loss": 10, "loss_gap": 10}  # a resumed run's rows so far
-
-
-def test_train_shows_fired_events_in_its_progress_line(tmp_path, monkeypatch):
-    from geolens.training import progress_bar, train
-
-    shown = []
-    monkeypatch.setattr(progress_bar.EpochProgress, "update", lambda self, epoch, stats: shown.append((epoch, stats)))
-    cfg = make_config("ln", p=23, frac_train=0.5, d_model=32, d_head=8, d_mlp=64, epochs=300, eval_every=10, lr=3e-3)
-    res = train.train(cfg, tmp_path / "run", progress=False)
-    from geolens.analysis.precursors import run_events
-    from geolens.runs.run import Run
-
-    events = {n: e for n, e in run_events(Run(res.path)).items() if e is not None and n != "logit_scale"}
-    causal = {p.name for p in PRECURSORS if p.rule in ("peak", "trough")}
-    fired = {n: e for n, e in events.items() if n in causal}
-    assert fired, "this run has causal precursor events"
-    first = min(fired.values())
-    before = [s for e, s in shown if e <= first]
-    assert all("fired" not in s for s in before)
-    assert f"{len(fired)} fired:" in shown[-1][1]
 
 
 def test_lead_statistics_of_known_pairs():
@@ -120,12 +82,16 @@ def test_precursors_command_on_constructed_runs(tmp_path, geolens):
     recorded = {"test_loss", "loss_gap", "weight_norm", "logit_scale", "attn_var", "erank_mlp"}
     assert set(rows) == recorded  # the precursors these runs hold columns for
     # test loss peaks at 600 / 1,500 / 1,100 before onsets 1,000 / 2,000 / 1,500: leads 400, 500, 400
-    assert rows["test_loss"][3:9] == ["3", "3", "1.00", "400", "400 to 450", "+1.00"]
+    assert rows["test_loss"][3:8] == ["3", "3", "1.00", "400", "400 to 450"] and rows["test_loss"][9] == "+1.00"
+    assert rows["test_loss"][8] == "400 to 500"  # the bootstrap interval of the median of 400, 400, 500
+    # three runs: 3! = 6 pairings, two of them as extreme as a perfect rank correlation: p = 1/3, survives nothing
+    assert rows["test_loss"][10:13] == ["0.333", "1", "no"]
     # the weight norm grows to the end: no peak in any run
     assert rows["weight_norm"][4:6] == ["0", "-"]
     # the logit scale rises until the onset and then holds: it crosses half its change at half the onset
     assert rows["logit_scale"][6] == "750"
-    assert rows["attn_var"][3:9] == ["3", "3", "1.00", "300", "300 to 300", "+1.00"]  # the bump's top
+    assert rows["attn_var"][3:8] == ["3", "3", "1.00", "300", "300 to 300"]  # the bump's top
+    assert rows["attn_var"][8:10] == ["300 to 300", "+1.00"]
     assert rows["erank_mlp"][2:7] == ["trough", "3", "3", "1.00", "100"]  # the collapse's bottom
     from geolens.outputs.plots import Line
     from geolens.outputs.precursor_table import fig_precursors, precursor_rows
@@ -153,22 +119,35 @@ def test_precursors_without_runs_is_one_line(tmp_path, geolens):
     assert r.returncode == 2 and "no finished run directory" in one_line_error(r.stderr)
 
 
-def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path):
+EMBEDDED_TABLES = 2  # docs/precursors.md: add and mul offline
+
+
+def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, monkeypatch):
     """results/precursors/{add,mul} are `geolens precursors` on the committed runs of docs/precursors.md
     with this code, and docs/precursors.md shows the committed tables."""
     import importlib.util
 
     from conftest import REPO
 
-    from geolens.outputs.precursor_table import precursor_rows, write_precursor_table
+    from geolens.outputs.precursor_table import (ONLINE_COLUMNS, online_rows, precursor_rows,
+                                                 write_precursor_table)
+    from geolens.runs.forecast import read_forecasts, write_forecasts
 
-    for grid in ("add", "mul"):
-        rows, notes, _ = precursor_rows(REPO / "results" / "precursors" / "records" / grid)
-        write_precursor_table(rows, notes, tmp_path / grid)
-        committed = REPO / "results" / "precursors" / grid / "precursors.md"
-        assert (tmp_path / grid / "precursors.md").read_text() == committed.read_text()
+    for grid, folder, warning in (("add", "add", 100), ("mul", "mul", 100), ("add", "add/warning500", 500)):
+        monkeypatch.chdir(REPO)  # the tables name runs by the relative paths tables.sh passes
+        records, committed = Path("results/precursors/records") / grid, REPO / "results" / "precursors" / folder
+        if folder == grid:
+            rows, notes, _ = precursor_rows(records)
+            write_precursor_table(rows, notes, tmp_path / folder)
+            assert (tmp_path / folder / "precursors.md").read_text() == (committed / "precursors.md").read_text()
+        rows, notes, forecasts = online_rows(records, warning)
+        write_precursor_table(rows, notes, tmp_path / folder, "precursors_online", ONLINE_COLUMNS)
+        assert ((tmp_path / folder / "precursors_online.md").read_text() ==
+                (committed / "precursors_online.md").read_text())
+        write_forecasts(tmp_path / folder / "forecast.json", forecasts, warning)
+        assert read_forecasts(tmp_path / folder / "forecast.json") == read_forecasts(committed / "forecast.json")
     spec = importlib.util.spec_from_file_location("embed", REPO / "analyses" / "reproduction" / "embed_tables.py")
     embed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(embed)
     doc = (REPO / "docs" / "precursors.md").read_text()
-    assert embed.embed(doc) == (doc, 2)
+    assert embed.embed(doc) == (doc, EMBEDDED_TABLES)

@@ -11,6 +11,8 @@
 # the other is training is refused by its lock and left to it).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source analyses/clean_tree.sh
+require_clean_tree   # records for docs/ come from a committed tree (ALLOW_DIRTY=1 overrides)
 export OMP_NUM_THREADS=1
 py=${PYTHON:-.venv/bin/python}
 R=runs/interventions

@@ -7,6 +7,8 @@
 #   bash analyses/precursors/run_cpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source analyses/clean_tree.sh
+require_clean_tree   # records for docs/ come from a committed tree (ALLOW_DIRTY=1 overrides)
 py=${PYTHON:-.venv/bin/python}
 status=0
 for grid in add mul; do

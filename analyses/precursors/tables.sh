@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# docs/precursors.md's tables and figures from committed records (no training): `geolens precursors` on
-# the runs of analyses/precursors/run_cpu.sh (results/precursors/records/add: Z_113 addition, 10 seeds of
+# docs/precursors.md's tables and figures from committed records (no training): `geolens precursors --online`
+# on the runs of analyses/precursors/run_cpu.sh (results/precursors/records/add: Z_113 addition, 10 seeds of
 # LayerNorm, RMSNorm, the bounded sphere and fully bounded; results/precursors/records/mul: Z_113
-# multiplication, 3 seeds of LayerNorm and fully bounded), into results/precursors/{add,mul}/ (the doc
-# shows their precursors.png from there), then the tables embedded in the doc.
+# multiplication, 3 seeds of LayerNorm and fully bounded), into results/precursors/{add,mul}/: the offline
+# table with its statistics, the online threshold rules (minimum warning 100 epochs; for addition also
+# 500 epochs, in add/warning500) and the forecast file of each configuration's best rule (forecast.json,
+# for `geolens train --forecast`); the doc shows their precursors.png from there. Then the tables
+# embedded in the doc.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py=${PYTHON:-.venv/bin/python}
 for grid in add mul; do
-    "$py" -m geolens precursors --runs "results/precursors/records/$grid" --out "results/precursors/$grid" > /dev/null
+    "$py" -m geolens precursors --runs "results/precursors/records/$grid" --out "results/precursors/$grid" --online \
+        --min-warning 100 --save "results/precursors/$grid/forecast.json" > /dev/null
 done
+"$py" -m geolens precursors --runs results/precursors/records/add --out results/precursors/add/warning500 --online \
+    --min-warning 500 --save results/precursors/add/warning500/forecast.json > /dev/null
+rm -f results/precursors/add/warning500/precursors.{md,csv,png}  # the offline table is add/'s
 "$py" analyses/reproduction/embed_tables.py docs/precursors.md

@@ -6,6 +6,8 @@
 #   bash analyses/reproduction/float_order_hooked.sh [OUT]      (default runs/float_order_hooked; seeds 1-5, or e.g. SEEDS="1 2 3")
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source analyses/clean_tree.sh
+require_clean_tree   # records for docs/ come from a committed tree (ALLOW_DIRTY=1 overrides)
 py=${PYTHON:-.venv/bin/python}
 out=${1:-runs/float_order_hooked}
 status=0

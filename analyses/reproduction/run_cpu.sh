@@ -7,6 +7,8 @@
 #   bash analyses/reproduction/run_cpu.sh [GRID ...]     (default: all grids below, in this order)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source analyses/clean_tree.sh
+require_clean_tree   # records for docs/ come from a committed tree (ALLOW_DIRTY=1 overrides)
 py=${PYTHON:-.venv/bin/python}
 here=analyses/reproduction
 grids=("$@")

@@ -7,6 +7,8 @@
 #   bash analyses/reproduction/run_gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+source analyses/clean_tree.sh
+require_clean_tree   # records for docs/ come from a committed tree (ALLOW_DIRTY=1 overrides)
 py=${PYTHON:-.venv/bin/python}
 here=analyses/reproduction
 "$py" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"' || exit 1

@@ -2,11 +2,13 @@
 
 The precursors and their event rules are geolens.runs.precursor_events' (one rule per precursor, the
 same for every run). lead_stats summarises a configuration's runs: how many have an event, the
-fraction whose event precedes the onset, the median and interquartile range of the lead (onset minus
-event), the Spearman correlation of event epoch and onset across seeds, and the leave-one-out mean
-absolute error of predicting each run's onset from its event epoch (a line fitted to the other runs)
-against predicting the other runs' mean onset. docs/metrics.md defines each precursor,
-docs/precursors.md measures them.
+fraction whose event precedes the onset, the median lead (onset minus event) with its interquartile
+range and bootstrap 95% interval, the Spearman correlation of event epoch and onset across seeds with
+its permutation p-value, and the leave-one-out absolute errors of predicting each run's onset from its
+event epoch (a line fitted to the other runs) against predicting the other runs' mean onset (their
+means, and on how many held-out runs the line is closer). with_holm adds the Holm-corrected p-value
+over every row compared. The statistics are geolens.analysis.significance's; docs/metrics.md defines
+each precursor, docs/precursors.md measures them.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
+from geolens.analysis.significance import ALPHA, holm, median_ci, spearman_test
 from geolens.runs.precursor_events import PRECURSORS, Precursor, event_epoch
 from geolens.runs.run import Run
 from geolens.runs.runset import RunGroup
 
-__all__ = ["PRECURSORS", "Precursor", "event_epoch", "LeadStats", "lead_stats", "run_events", "recorded",
+__all__ = ["PRECURSORS", "Precursor", "event_epoch", "LeadStats", "lead_stats", "with_holm", "run_events", "recorded",
            "group_precursors"]
 
 
@@ -34,55 +37,53 @@ class LeadStats:
     precedes: float | None  # fraction of runs with an event whose event is before the onset
     lead_median: float | None
     lead_iqr: tuple[float, float] | None
+    lead_ci: tuple[float, float] | None  # bootstrap 95% interval of the median lead (>= 2 runs)
     spearman: float | None  # needs >= 3 runs with an event
+    spearman_p: float | None  # two-sided permutation p-value of the Spearman correlation
     loo_error: float | None  # leave-one-out MAE of the linear fit (>= 3 runs)
     loo_baseline: float | None  # leave-one-out MAE of the mean onset
+    loo_wins: int | None  # held-out runs the fit predicts more closely than the mean onset does
+    holm_p: float | None = None  # spearman_p after the Holm correction over the rows compared (with_holm)
+
+    @property
+    def survives(self) -> bool:
+        """Whether the Spearman correlation survives the Holm correction at ALPHA."""
+        return self.holm_p is not None and self.holm_p <= ALPHA
 
 
 def lead_stats(name: str, pairs: list[tuple[int, int | None]]) -> LeadStats:
     """LeadStats of (onset, event) pairs, one per run with an onset."""
     both = [(o, e) for o, e in pairs if e is not None]
     leads = sorted(o - e for o, e in both)
-    stats = LeadStats(name, len(pairs), len(both), None, None, None, None, None, None)
+    stats = LeadStats(name, len(pairs), len(both), None, None, None, None, None, None, None, None, None)
     if both:
         stats.precedes = sum(e < o for o, e in both) / len(both)
         stats.lead_median = statistics.median(leads)
         q = torch.quantile(torch.tensor(leads, dtype=torch.float64), torch.tensor([0.25, 0.75], dtype=torch.float64))
         stats.lead_iqr = (float(q[0]), float(q[1]))
+        stats.lead_ci = median_ci(leads)
     if len(both) >= 3:
         onsets, events = [float(o) for o, _ in both], [float(e) for _, e in both]
-        stats.spearman = _spearman(events, onsets)
-        stats.loo_error, stats.loo_baseline = _loo(events, onsets)
+        stats.spearman, stats.spearman_p = spearman_test(events, onsets)
+        fit, mean = _loo(events, onsets)
+        stats.loo_baseline = statistics.fmean(mean)
+        if fit is not None:
+            stats.loo_error = statistics.fmean(fit)
+            stats.loo_wins = sum(f < m for f, m in zip(fit, mean))
     return stats
 
 
-def _ranks(x: list[float]) -> list[float]:
-    """Ranks 1..n, ties given their mean rank."""
-    order = sorted(range(len(x)), key=lambda i: x[i])
-    ranks = [0.0] * len(x)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and x[order[j + 1]] == x[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+def with_holm(rows: list[LeadStats]) -> list[LeadStats]:
+    """The rows with holm_p set: the Holm correction of their Spearman p-values as one family."""
+    for s, p in zip(rows, holm([s.spearman_p for s in rows])):
+        s.holm_p = p
+    return rows
 
 
-def _spearman(x: list[float], y: list[float]) -> float | None:
-    """Spearman's rank correlation (Pearson's on the ranks); None when either side is constant."""
-    rx, ry = _ranks(x), _ranks(y)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
-    return None if sxx == 0 or syy == 0 else sxy / (sxx * syy) ** 0.5
-
-
-def _loo(x: list[float], y: list[float]) -> tuple[float | None, float]:
-    """(MAE of predicting each y from a least-squares line through the other points, MAE of predicting
-    it by the others' mean); the first is None when some left-out fit has constant x."""
+def _loo(x: list[float], y: list[float]) -> tuple[list[float] | None, list[float]]:
+    """(absolute errors of predicting each y from a least-squares line through the other points,
+    absolute errors of predicting it by the others' mean); the first is None when some left-out fit
+    has constant x."""
     fit_err, mean_err = [], []
     for i in range(len(x)):
         xs, ys = x[:i] + x[i + 1 :], y[:i] + y[i + 1 :]
@@ -94,7 +95,7 @@ def _loo(x: list[float], y: list[float]) -> tuple[float | None, float]:
             fit_err.append(abs(y[i] - (my + slope * (x[i] - mx))))
         else:
             fit_err = None
-    return (None if fit_err is None else statistics.fmean(fit_err)), statistics.fmean(mean_err)
+    return fit_err, mean_err
 
 
 def run_events(run: Run) -> dict[str, int | None]:

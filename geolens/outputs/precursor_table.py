@@ -1,6 +1,8 @@
 """`geolens precursors`: per configuration and precursor, how often and how early its event precedes the
-onset, as one table (rows of geolens.analysis.precursors.LeadStats), written as Markdown and CSV; and
-the figure of every precursor against epochs relative to the onset (fig_precursors)."""
+onset, as one table (rows of geolens.analysis.precursors.LeadStats, Holm-corrected over the whole table;
+within a configuration the rows that survive the correction first, then by corrected p-value), written
+as Markdown and CSV; and the figure of every precursor against epochs relative to the onset
+(fig_precursors)."""
 
 from __future__ import annotations
 
@@ -9,29 +11,40 @@ import io
 import math
 from pathlib import Path
 
-from geolens.analysis.precursors import PRECURSORS, LeadStats, Precursor, group_precursors, run_events
+from geolens.analysis.precursors import PRECURSORS, LeadStats, Precursor, group_precursors, run_events, with_holm
+from geolens.analysis.online_rules import OnlineStats, group_online
+from geolens.analysis.online_rules import with_holm as online_with_holm
+from geolens.analysis.significance import fmt_p
 from geolens.outputs.plots import PALETTE, FigureSpec, Line, Panel, VLine
-from geolens.runs.runset import RunGroup, find_runs, group_runs
+from geolens.runs.forecast import Forecast
+from geolens.runs.runset import RunGroup, find_runs, group_key, group_runs, provenance_notes
 from geolens.runs.storage import atomic_write_bytes
 
 COLUMNS = ["configuration", "precursor", "rule", "runs", "with event", "precedes", "lead median", "lead IQR",
-           "spearman", "LOO error", "LOO mean-onset error"]
+           "lead 95% CI", "spearman", "p", "p (Holm)", "survives", "LOO error", "LOO mean-onset error", "LOO beats mean"]
 
 
 def precursor_rows(root: str | Path) -> tuple[list[dict[str, str]], list[str], list[RunGroup]]:
     """One row per configuration (runs under root, grouped as `geolens table` does) and precursor, with
     its cells as text; notes (runs skipped, configurations without an onset); the groups."""
     runs, skipped = find_runs(root)
-    notes = [f"skipped {path}: {why}" for path, why in skipped.items()]
+    notes = provenance_notes(runs) + [f"skipped {path}: {why}" for path, why in skipped.items()]
     rules = {p.name: p.rule for p in PRECURSORS}
-    rows = []
     groups = group_runs(runs)
+    stats = []
     for group in groups:
         if not _has_onset(group):
             notes.append(f"{group.full_label}: no run has an onset; nothing to lead")
             continue
-        rows += [_row(group.full_label, rules[s.precursor], s) for s in group_precursors(group)]
-    return rows, notes, groups
+        stats += [(group.full_label, s) for s in group_precursors(group)]
+    with_holm([s for _, s in stats])
+    tested = sum(s.spearman_p is not None for _, s in stats)
+    order = {label: i for i, label in enumerate(dict.fromkeys(label for label, _ in stats))}
+    stats.sort(key=lambda ls: (order[ls[0]], not ls[1].survives, ls[1].holm_p is None, ls[1].holm_p or 0.0))
+    if tested:
+        notes.insert(0, f"p: two-sided permutation p-value of the Spearman correlation; p (Holm): corrected over the "
+                        f"{tested} correlations of this table; survives: p (Holm) <= 0.05")
+    return [_row(label, rules[s.precursor], s) for label, s in stats], notes, groups
 
 
 def fig_precursors(groups: list[RunGroup]) -> FigureSpec | None:
@@ -85,21 +98,77 @@ def _row(label: str, rule: str, s: LeadStats) -> dict[str, str]:
     return {"configuration": label, "precursor": s.precursor, "rule": rule, "runs": str(s.runs),
             "with event": str(s.with_event), "precedes": num(s.precedes, ".2f"), "lead median": num(s.lead_median, ",.0f"),
             "lead IQR": "-" if s.lead_iqr is None else f"{s.lead_iqr[0]:,.0f} to {s.lead_iqr[1]:,.0f}",
-            "spearman": num(s.spearman, "+.2f"), "LOO error": num(s.loo_error, ",.0f"),
-            "LOO mean-onset error": num(s.loo_baseline, ",.0f")}
+            "lead 95% CI": "-" if s.lead_ci is None else f"{s.lead_ci[0]:,.0f} to {s.lead_ci[1]:,.0f}",
+            "spearman": num(s.spearman, "+.2f"), "p": fmt_p(s.spearman_p), "p (Holm)": fmt_p(s.holm_p),
+            "survives": "-" if s.holm_p is None else ("yes" if s.survives else "no"),
+            "LOO error": num(s.loo_error, ",.0f"), "LOO mean-onset error": num(s.loo_baseline, ",.0f"),
+            "LOO beats mean": "-" if s.loo_wins is None else f"{s.loo_wins}/{s.with_event}"}
 
 
-def write_precursor_table(rows: list[dict[str, str]], notes: list[str], folder: Path) -> list[Path]:
-    """folder/precursors.md (the table and its notes) and folder/precursors.csv."""
+def write_precursor_table(rows: list[dict[str, str]], notes: list[str], folder: Path, name: str = "precursors",
+                          columns: list[str] = COLUMNS) -> list[Path]:
+    """folder/<name>.md (the table and its notes) and folder/<name>.csv."""
     folder.mkdir(parents=True, exist_ok=True)
-    md = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
-    md += ["| " + " | ".join(r[c] for c in COLUMNS) + " |" for r in rows]
+    md = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    md += ["| " + " | ".join(r[c] for c in columns) + " |" for r in rows]
     md += [""] + [f"- {n}" for n in notes]
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    paths = [folder / "precursors.md", folder / "precursors.csv"]
+    paths = [folder / f"{name}.md", folder / f"{name}.csv"]
     atomic_write_bytes(paths[0], ("\n".join(md) + "\n").encode())
     atomic_write_bytes(paths[1], out.getvalue().encode())
     return paths
+
+
+ONLINE_COLUMNS = ["configuration", "column", "rule (all seeds)", "runs", "fired", "never", "late", "MAE",
+                  "mean-onset MAE", "beats mean", "warning median", "warning range", "p", "p (Holm)", "survives"]
+
+
+def online_rows(root: str | Path, min_warning: int = 0, columns: list[str] | None = None
+                ) -> tuple[list[dict[str, str]], list[str], list[Forecast]]:
+    """`geolens precursors --online`: per configuration and recorded column, the threshold rule tested
+    leave-one-seed-out (geolens.analysis.online_rules), Holm-corrected over the whole table, each
+    configuration's rows by held-out MAE; notes; and per configuration the forecast of its best rule
+    (the lowest held-out MAE among rules that fired on every held-out run), fitted on all its runs."""
+    runs, skipped = find_runs(root)
+    notes = provenance_notes(runs) + [f"skipped {path}: {why}" for path, why in skipped.items()]
+    stats, forecasts = [], []
+    for group in group_runs(runs):
+        if not _has_onset(group):
+            notes.append(f"{group.full_label}: no run has an onset; nothing to forecast")
+            continue
+        rows = group_online(group, min_warning, columns)
+        stats += [(group, s) for s in rows]
+        usable = [s for s in rows if s.rule is not None and s.never == 0 and s.mae is not None]
+        if usable:
+            best = min(usable, key=lambda s: s.mae)
+            forecasts.append(Forecast(group.full_label, group_key(group.config),
+                                      [r.config.seed for r in group.runs if r.events.get("onset_095") is not None],
+                                      best.rule, best.mae, best.baseline_mae, min_warning))
+        else:
+            notes.append(f"{group.full_label}: no column's rule fires on every held-out run; no forecast")
+    online_with_holm([s for _, s in stats])
+    tested = sum(s.p is not None for _, s in stats)
+    notes.insert(0, f"rules fitted leave-one-seed-out with a minimum warning of {min_warning:,} epochs; fired/never: "
+                    f"held-out runs the other runs' rule fired on / never fired on; late: fired less than the minimum "
+                    f"warning before the onset; MAE and mean-onset MAE over the fired runs; p: one-sided Wilcoxon "
+                    f"signed-rank (forecast errors < mean-onset errors), p (Holm) corrected over the {tested} tests of "
+                    f"this table; survives: p (Holm) <= 0.05")
+    order = {label: i for i, label in enumerate(dict.fromkeys(g.full_label for g, _ in stats))}
+    stats.sort(key=lambda gs: (order[gs[0].full_label], gs[1].mae is None, gs[1].mae or 0.0))
+    return [_online_row(g.full_label, s) for g, s in stats], notes, forecasts
+
+
+def _online_row(label: str, s: OnlineStats) -> dict[str, str]:
+    def num(x):
+        return "-" if x is None else f"{x:,.0f}"
+
+    return {"configuration": label, "column": s.column, "rule (all seeds)": "-" if s.rule is None else
+            f"{s.rule.describe()}, lead {s.rule.lead:,.0f}", "runs": str(s.runs), "fired": str(s.fired),
+            "never": str(s.never), "late": str(s.late), "MAE": num(s.mae), "mean-onset MAE": num(s.baseline_mae),
+            "beats mean": "-" if s.wins is None else f"{s.wins}/{s.fired}", "warning median": num(s.warning_median),
+            "warning range": "-" if s.warning_range is None else f"{s.warning_range[0]:,} to {s.warning_range[1]:,}",
+            "p": fmt_p(s.p), "p (Holm)": fmt_p(s.holm_p),
+            "survives": "-" if s.holm_p is None else ("yes" if s.survives else "no")}

@@ -9,9 +9,11 @@ every run:
     trough      the same rule on the negated series (a collapse, e.g. of an effective rank)
     crossing:F  the first evaluated epoch at which the series has covered the fraction F of its
                 eventual change (from its first to its last value); none when it does not change
-peak and trough are causal: decided by the rows up to the evaluation that confirms them, so the
-same rule fires during training (EventWatch, shown in `geolens train`'s progress line) and over
-the finished record (event_epoch). A crossing needs the last value: only over a finished record.
+peak and trough are causal: decided by the rows up to the evaluation that confirms them. A crossing
+needs the last value: it exists only over a finished record. Neither is an onset forecast: on the
+runs of docs/precursors.md the causal rules fire during memorisation, thousands of epochs before a
+LayerNorm onset, whatever the onset; the online forecast is a fitted threshold rule
+(geolens.runs.forecast, geolens.analysis.online_rules).
 A row without the column (a run recorded before it existed) gives no series and no event.
 """
 
@@ -114,32 +116,3 @@ def event_epoch(epochs: list[int], values: list[float | None], rule: str) -> int
     if change == 0:
         return None
     return next(e for e, v in kept if (v - first) / change >= frac)
-
-
-class EventWatch:
-    """The causal precursor events (peak, trough) of one run, fed its metrics rows as they come:
-    `add(row)` returns the names whose event this row confirmed; `fired` maps each fired name to its
-    event epoch."""
-
-    def __init__(self, rows: list[dict] = ()):
-        self.watched = {p.name: (p, _Extremum(1.0 if p.rule == "peak" else -1.0))
-                        for p in PRECURSORS if p.rule in ("peak", "trough")}
-        self.fired: dict[str, int] = {}
-        for row in rows:
-            self.add(row)
-
-    def add(self, row: dict) -> list[str]:
-        new = []
-        for name, (p, ext) in self.watched.items():
-            if ext.add(row["epoch"], p.value(row)):
-                self.fired[name] = ext.event
-                new.append(name)
-        return new
-
-    def describe(self) -> str:
-        """'' before any event, else 'N fired: name rule @epoch, ...' (the three latest events)."""
-        if not self.fired:
-            return ""
-        last = sorted(self.fired.items(), key=lambda kv: kv[1])[-3:]
-        rules = {n: p.rule for n, (p, _) in self.watched.items()}
-        return f"{len(self.fired)} fired: " + ", ".join(f"{n} {rules[n]} @{e:,}" for n, e in last)

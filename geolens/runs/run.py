@@ -16,6 +16,7 @@ from geolens.errors import GeoError
 from geolens.model.config import GeoConfig
 from geolens.model.hyperschedule import parse_hyper_schedule
 from geolens.model.transformer import GeoTransformer
+from geolens.runs.forecast import ThresholdRule
 from geolens.runs.storage import RunDir, read_json, read_metrics
 from geolens.model.tasks import Dataset, make_dataset
 
@@ -106,8 +107,9 @@ class Run:
             raise GeoError(f"checkpoint {self.dir.ckpt_path(step)} does not match the run's config: {e}") from None
         return model.eval()
 
-    def summary(self) -> dict[str, Any]:
-        """What `geolens info` prints."""
+    def summary(self, forecast: ThresholdRule | None = None) -> dict[str, Any]:
+        """What `geolens info` prints; forecast: a rule to replay on the record (default: the one the run
+        was trained with, run.json `forecast`)."""
         rows = self._readable(lambda: self.metrics) or []
         steps = self._readable(lambda: self.steps)
         events = self._readable(lambda: self.events) or {}
@@ -131,6 +133,7 @@ class Run:
             "test_acc": last.get("test_acc"),
             "test_loss": last.get("test_loss"),
             "onset_095": events.get("onset_095"),
+            "forecast": self._forecast_text(forecast, rows, events.get("onset_095")),
             "sustained_099": events.get("sustained_099"),
             "stop_reason": events.get("stop_reason"),
             "checkpoints": "unreadable manifest" if steps is None else len(steps),
@@ -139,6 +142,18 @@ class Run:
             "trained_by": self._segments_text(),
             "ms_per_epoch": round(timing["ms_per_epoch"], 2) if "ms_per_epoch" in timing else None,
         }
+
+    def _forecast_text(self, rule: ThresholdRule | None, rows: list[dict], onset: int | None) -> str | None:
+        """When and what the forecast rule forecast, beside the measured onset."""
+        if rule is None and "forecast" in self.header:
+            rule = ThresholdRule(**self.header["forecast"])
+        if rule is None:
+            return None
+        fired = rule.first_firing(rows)
+        if fired is None:
+            return f"{rule.describe()} has not fired (last epoch {rows[-1]['epoch'] if rows else 0:,})"
+        measured = "no onset yet" if onset is None else f"measured {onset:,} (error {onset - fired - rule.lead:+,.0f})"
+        return f"{rule.describe()} fired at {fired:,}: {rule.expected(fired)}; {measured}"
 
     def _fork_text(self) -> str | None:
         """The lineage of a fork (run.json `fork`), one line per generation: parent, step and changes."""

@@ -155,3 +155,32 @@ def extras(cfg: GeoConfig) -> dict[str, object]:
     """Fields outside SHOWN and BOOKKEEPING whose value differs from GeoConfig's default."""
     default = GeoConfig().to_dict()
     return {k: v for k, v in cfg.to_dict().items() if k not in BOOKKEEPING and k not in SHOWN and v != default[k]}
+
+
+def provenance_notes(runs: list[Run], shown: int = 3) -> list[str]:
+    """What a table drawn from these runs must say about the code that trained them (run.json
+    `segments`): the runs trained, in whole or in part, from an uncommitted tree ('+dirty'), the
+    commits when more than one trained them, the runs that record none. [] when one clean commit
+    trained every run."""
+    def listed(paths: list[str]) -> str:
+        return ", ".join(paths[:shown]) + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+
+    dirty, unknown, commits = [], [], {}
+    for run in runs:
+        made = [seg.get("geolens_commit") for seg in run.header.get("segments", [])] or [None]
+        if any(c is None for c in made):
+            unknown.append(str(run.path))
+        if any(c and c.endswith("+dirty") for c in made):
+            dirty.append(str(run.path))
+        for sha in {c.removesuffix("+dirty")[:7] for c in made if c}:
+            commits[sha] = commits.get(sha, 0) + 1
+    notes = []
+    if dirty:
+        notes.append(f"provenance: {len(dirty)} of {len(runs)} runs were trained from an uncommitted tree (+dirty in "
+                     f"run.json): {listed(dirty)}; their code is not exactly any commit's")
+    if len(commits) > 1:
+        notes.append(f"provenance: the runs were trained at {len(commits)} commits: "
+                     + ", ".join(f"{sha} ({n} runs)" for sha, n in sorted(commits.items(), key=lambda kv: -kv[1])))
+    if unknown:
+        notes.append(f"provenance: {len(unknown)} of {len(runs)} runs record no commit: {listed(unknown)}")
+    return notes

@@ -14,7 +14,7 @@ The engine and device (geolens.training.engine) and the run's records (geolens.t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -29,7 +29,7 @@ from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
 from geolens.runs.events import early_stop_due, onset_events
 from geolens.runs.integrity import resume_point
-from geolens.runs.precursor_events import EventWatch
+from geolens.runs.forecast import ForecastWatch, ThresholdRule
 from geolens.runs.runlock import NewRunClaim, RunLock
 from geolens.runs.storage import BackgroundWriter, RunDir, atomic_write_json, load_tensors
 from geolens.training.engine import (
@@ -239,19 +239,23 @@ class SingleStep:
         self.opt.step()
 
 
-def train(cfg: GeoConfig, out: str | Path, force: bool = False, progress: bool = True) -> TrainResult:
+def train(cfg: GeoConfig, out: str | Path, force: bool = False, progress: bool = True,
+          forecast: ThresholdRule | None = None) -> TrainResult:
     """Train a new run into `out` (refused if it exists, unless force: then the new run is built beside
-    the old one, which is replaced only once the new run's first checkpoint is written)."""
+    the old one, which is replaced only once the new run's first checkpoint is written). forecast: an
+    onset forecast rule (geolens.runs.forecast) followed in the progress line and kept in run.json."""
     dev = training_device(cfg)
     engine = preflight(cfg, dev)
     with NewRunClaim(out, force) as claim, out_of_memory_as_error(cfg, engine):
         model = GeoTransformer(cfg).to(dev)  # initialised on the CPU: the same init on every device
         opt = make_optimizer(model)
-        return _loop(RunDir(claim.path), model, opt, start=0, rows=[], manifest=[], progress=progress, claim=claim)
+        return _loop(RunDir(claim.path), model, opt, start=0, rows=[], manifest=[], progress=progress, claim=claim,
+                     forecast=forecast)
 
 
-def resume(out: str | Path, progress: bool = True, **changes) -> TrainResult:
-    """Continue a run from its resume state; only `epochs`, `early_stop_after` and `device` may change.
+def resume(out: str | Path, progress: bool = True, forecast: ThresholdRule | None = None, **changes) -> TrainResult:
+    """Continue a run from its resume state; only `epochs`, `early_stop_after` and `device` may change
+    (and the forecast rule: a new one replaces the one in run.json).
     The run directory is locked for the whole run; an inconsistent one is refused, except that a
     manifest that disagrees with the checkpoint files is rebuilt from them (exactly; a warning says so)."""
     run = RunDir(out)
@@ -278,11 +282,12 @@ def resume(out: str | Path, progress: bool = True, **changes) -> TrainResult:
         if notes:
             atomic_write_json(run.manifest_json, manifest)
         model, opt = from_resume_state(cfg, state, dev)
-        return _loop(run, model, opt, start=step, rows=rows, manifest=manifest, progress=progress, resumed=True)
+        return _loop(run, model, opt, start=step, rows=rows, manifest=manifest, progress=progress, resumed=True,
+                     forecast=forecast)
 
 
 def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progress: bool, resumed: bool = False,
-          claim: NewRunClaim | None = None) -> TrainResult:
+          claim: NewRunClaim | None = None, forecast: ThresholdRule | None = None) -> TrainResult:
     cfg = model.cfg
     torch.manual_seed(cfg.seed)
     data = make_dataset(cfg)
@@ -290,16 +295,20 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
     train_x, train_y, test_x, test_y = (t.to(dev) for t in (*data.train, *data.test))
     engine, forward, why = select_forward(model)
     prev = run.read_header() if resumed else None
-    member = Member(run, cfg, model, opt, rows, manifest,
-                    run_header(cfg, engine, why, len(train_y), len(test_y), start, prev, device=dev),
-                    (prev or {}).get("timing", {}), claim)
+    header = run_header(cfg, engine, why, len(train_y), len(test_y), start, prev, device=dev)
+    if forecast is None and prev and "forecast" in prev:
+        forecast = ThresholdRule(**prev["forecast"])
+    if forecast is not None:
+        header["forecast"] = asdict(forecast)
+    member = Member(run, cfg, model, opt, rows, manifest, header, (prev or {}).get("timing", {}), claim)
     step = SingleStep(model, opt, engine, forward, train_x, train_y, test_x, test_y)
     label = f"{cfg.preset or cfg.norm} {cfg.task_label}"
-    watch = EventWatch(rows)  # the precursor events so far (a resumed run's rows), then each new row's
+    watch = ForecastWatch(forecast, rows) if forecast is not None else None  # fed a resumed run's rows so far
 
     def describe(new_rows: list[dict], active: int) -> str:
-        watch.add(new_rows[0])
-        return " | ".join(filter(None, [run_stats(new_rows[0]), watch.describe()]))
+        if watch is not None:
+            watch.add(new_rows[0])
+        return " | ".join(filter(None, [run_stats(new_rows[0]), watch and watch.describe()]))
 
     return run_epochs([member], step, start, resumed, engine, label, describe, progress)[0]
 

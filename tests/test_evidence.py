@@ -1,0 +1,291 @@
+"""Statistics behind every claim over seeds, on inputs whose answers are known: the permutation test of
+a rank correlation, the Holm correction, the bootstrap interval of a median, the sign test; online
+threshold rules fitted leave-one-seed-out; the forecast file and `geolens train --forecast`."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from conftest import one_line_error
+
+from geolens.analysis.online_rules import Series, fit_rule, firing_epochs, online_stats
+from geolens.analysis.precursors import lead_stats, with_holm
+from geolens.analysis.significance import holm, median_ci, sign_test, spearman_test, wilcoxon_less
+from geolens.errors import GeoError
+from geolens.model.config import make_config
+from geolens.runs.forecast import ForecastWatch, ThresholdRule, forecast_for, read_forecasts, write_forecasts
+
+ONSETS = [6100, 8600, 7000, 9100, 6500, 7900, 8200, 6800, 7400, 8800]  # ten seeds' onsets, all different
+
+
+def test_spearman_permutation_p_of_a_perfect_a_random_and_a_constant_precursor():
+    perfect = [o - 1300 for o in ONSETS]  # the same lead on every seed
+    rho, p = spearman_test(perfect, ONSETS)
+    assert rho == pytest.approx(1.0)
+    assert p == pytest.approx(2 / 10_000)  # 9,999 random pairings + the observed one, none as extreme, both tails
+    rho, p = spearman_test([o for o in ONSETS[::-1]], ONSETS)  # unrelated order
+    assert abs(rho) < 0.5 and p > 0.1
+    assert spearman_test([5000] * 10, ONSETS) == (None, None)  # a constant event has no rank correlation
+    # three pairs: all 3! = 6 pairings are enumerated; a perfect order and its reverse are as extreme
+    assert spearman_test([1, 2, 3], [10, 20, 30]) == (pytest.approx(1.0), pytest.approx(1 / 3))
+    # the same inputs give the same p-value (seeded)
+    rng = np.random.default_rng(3)
+    x, y = rng.random(10), rng.random(10)
+    assert spearman_test(x, y) == spearman_test(x, y)
+
+
+def test_holm_adjusts_step_down():
+    # sorted 0.01, 0.03, 0.04 of m = 3: 3 x 0.01, max(0.03, 2 x 0.03), max(0.06, 1 x 0.04)
+    assert holm([0.04, None, 0.01, 0.03]) == [pytest.approx(0.06), None, pytest.approx(0.03), pytest.approx(0.06)]
+    assert holm([0.5, 0.9]) == [1.0, 1.0]  # capped at 1
+    assert holm([]) == [] and holm([None]) == [None]
+
+
+def test_the_correction_keeps_the_perfect_precursor_and_drops_the_others():
+    """A family of a perfect, a random and a constant precursor over ten seeds: only the perfect one
+    survives Holm at 0.05; a lone p of 0.03 among 40 tests does not."""
+    random = np.random.default_rng(0).permutation(ONSETS) - 1000
+    rows = with_holm([lead_stats("perfect", [(o, o - 1300) for o in ONSETS]),
+                      lead_stats("random", list(zip(ONSETS, random.tolist()))),
+                      lead_stats("constant", [(o, 5000) for o in ONSETS])])
+    perfect, rand, constant = rows
+    assert perfect.survives and perfect.holm_p == pytest.approx(2 * 2 / 10_000)  # two tests: the constant has none
+    assert not rand.survives and rand.holm_p >= rand.spearman_p
+    assert constant.spearman is None and constant.holm_p is None and not constant.survives
+    assert perfect.loo_error == pytest.approx(0.0) and perfect.loo_wins == 10  # the line is exact on every seed
+    assert perfect.lead_ci == (1300.0, 1300.0) and perfect.lead_median == 1300
+    assert holm([0.03] + [0.9] * 39)[0] == pytest.approx(1.0)
+
+
+def test_median_interval_and_sign_test():
+    assert median_ci([7.0]) is None and median_ci([3.0, 3.0, 3.0]) == (3.0, 3.0)
+    lo, hi = median_ci([100, 200, 300, 400, 500, 600, 700])
+    assert 100 <= lo <= 400 <= hi <= 700 and median_ci([100, 200, 300, 400, 500, 600, 700]) == (lo, hi)
+    assert sign_test([-300, -200, -100]) == (3, 0, 0.25)  # three seeds can never reach 0.05
+    assert sign_test([-1] * 9) == (9, 0, pytest.approx(2 / 512))
+    assert sign_test([0, 0]) == (0, 0, None) and sign_test([-5, 5])[2] == 1.0
+    assert wilcoxon_less([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(1 / 32)  # exact, all smaller
+    assert wilcoxon_less([1], [2]) is None
+
+
+def _ramp(onset: int, start: int = 0, end: int = 12000, rise: int = 1000, noise: float = 0.0, seed: int = 0) -> Series:
+    """A column that rises linearly from 0 to 1 over the `rise` epochs before `onset`, evaluated every 10."""
+    epochs = np.arange(start, end + 1, 10)
+    values = np.clip((epochs - (onset - rise)) / rise, 0, 1)
+    values = values + noise * np.random.default_rng(seed).standard_normal(values.size)
+    return Series(epochs, values, onset)
+
+
+def test_a_perfect_online_precursor_forecasts_every_held_out_seed_exactly():
+    series = [_ramp(o) for o in ONSETS]
+    rule = fit_rule(series, "x", min_warning=300)
+    assert rule.direction == "above" and rule.lead >= 300
+    # the ramp crosses t at onset - 1000 + 1000 t: the lead is the same on every run
+    fired = [int(firing_epochs(s, "above", np.array([rule.threshold]))[0]) for s in series]
+    assert {o - f for o, f in zip(ONSETS, fired)} == {round(rule.lead)}
+    stats = online_stats("x", series, min_warning=300)
+    assert stats.fired == 10 and stats.never == 0 and stats.late == 0
+    assert stats.mae == pytest.approx(0.0) and stats.wins == 10
+    assert stats.baseline_mae == pytest.approx(np.mean([abs(o - np.mean(ONSETS[:i] + ONSETS[i + 1:]))
+                                                        for i, o in enumerate(ONSETS)]))
+    assert stats.p == pytest.approx(1 / 1024)  # exact Wilcoxon: all ten errors smaller
+    assert min(stats.warning_range) >= 300
+    # the minimum warning is respected: a rule may not fire within 300 epochs of the onset
+    assert fit_rule(series, "x", min_warning=2000) is None  # the ramp starts 1,000 epochs before the onset
+
+
+def test_an_uninformative_column_forecasts_no_better_than_the_mean_onset():
+    """A column whose ramp starts at a random epoch unrelated to the onset: its forecasts miss."""
+    starts = np.random.default_rng(1).permutation(ONSETS)
+    series = [Series(s.epochs, s.values, o) for s, o in zip((_ramp(int(t) - 2000) for t in starts), ONSETS)]
+    stats = online_stats("x", series, min_warning=0)
+    assert stats.mae > 0.8 * stats.baseline_mae and (stats.p is None or stats.p > 0.05)
+
+
+def test_a_falling_column_gets_a_below_rule():
+    series = [Series(s.epochs, 5 - s.values, s.onset) for s in (_ramp(o) for o in ONSETS)]
+    rule = fit_rule(series, "loss", min_warning=100)
+    assert rule.direction == "below" and rule.threshold < 5
+    assert ThresholdRule("loss", "below", 4.5, 500).first_firing(
+        [{"epoch": 0, "loss": 5.0}, {"epoch": 10, "loss": 4.6}, {"epoch": 20, "loss": 4.4}]) == 20
+
+
+def test_forecast_file_round_trip_and_refusals(tmp_path):
+    from geolens.runs.forecast import Forecast
+    from geolens.runs.runset import group_key
+
+    cfg = make_config("ln", p=23)
+    rule = ThresholdRule("wl_gini", "above", 0.4, 1200.0, 150.0)
+    path = write_forecasts(tmp_path / "f.json", [Forecast("ln ...", group_key(cfg), [1, 2, 3], rule, 150.0, 700.0, 100)],
+                           100)
+    (got,) = read_forecasts(path)
+    assert got.rule == rule and got.seeds == [1, 2, 3] and forecast_for(path, group_key(cfg)).rule == rule
+    with pytest.raises(GeoError, match="has no rule fitted on this run's configuration"):
+        forecast_for(path, group_key(make_config("fb", p=23)))
+    with pytest.raises(GeoError, match="does not exist"):
+        read_forecasts(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(GeoError, match="not readable JSON"):
+        read_forecasts(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text(json.dumps({"format": "geolens-run"}))
+    with pytest.raises(GeoError, match="not a geolens forecast file"):
+        read_forecasts(tmp_path / "other.json")
+    watch = ForecastWatch(rule, [{"epoch": 0, "wl_gini": 0.1}])
+    assert watch.describe() == ""
+    watch.add({"epoch": 6000, "wl_gini": 0.45})
+    watch.add({"epoch": 6010, "wl_gini": 0.5})
+    assert watch.fired == 6000 and watch.describe() == "onset expected ~7,200 (±150) (wl_gini >= 0.4 at 6,000)"
+
+
+# the bounded sphere groks on every one of these seeds within 600 epochs (onsets 110-280 with this code)
+FORECAST_SWEEP = dict(task="add", p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.8, lr=1e-2, epochs=600,
+                      eval_every=10, checkpoints="every:600")
+
+
+def test_a_forecast_fitted_on_a_small_sweep_shows_on_a_held_out_seed(tmp_path, geolens, monkeypatch):
+    """`geolens precursors --online --save` on four seeds of a real Z_23 sweep, then `geolens train
+    --forecast` of a fifth seed: its progress line shows the expected onset once the rule fires, and
+    `geolens info` the forecast beside the measured onset."""
+    from geolens.analysis.threads import torch_threads
+    from geolens.training import progress_bar
+    from geolens.training.batched import train_batched
+
+    cfgs = [make_config("sphere", seed=s, data_seed=s, **FORECAST_SWEEP) for s in (1, 2, 3, 4)]
+    with torch_threads(1):
+        train_batched(cfgs, [tmp_path / "sweep" / f"seed_{c.seed}" for c in cfgs], progress=False)
+    r = geolens("precursors", "--runs", tmp_path / "sweep", "--out", tmp_path / "pre", "--online", "--min-warning", "20",
+                "--columns", "test_loss,test_acc", "--save", tmp_path / "forecast.json")
+    assert r.returncode == 0, r.stderr
+    online = (tmp_path / "pre" / "precursors_online.md").read_text()
+    assert "| sphere (frac_train=0.8, d_model=32, d_head=8, d_mlp=64) lr 0.01 wd 1, add p=23 | test_" in online
+    (forecast,) = read_forecasts(tmp_path / "forecast.json")
+    assert forecast.seeds == [1, 2, 3, 4] and forecast.rule.column in ("test_loss", "test_acc")
+    assert forecast.rule.lead >= 20 and forecast.min_warning == 20
+
+    shown = []
+    monkeypatch.setattr(progress_bar.EpochProgress, "update", lambda self, epoch, stats: shown.append((epoch, stats)))
+    args = ["train", "--preset", "sphere", "--seed", "5", "--task", "add", "--p", "23", "--frac", "0.8", "--lr", "1e-2",
+            "--epochs", "600", "--set", "d_model=32", "--set", "d_head=8", "--set", "d_mlp=64",
+            "--out", tmp_path / "held_out", "--forecast", tmp_path / "forecast.json"]
+    with torch_threads(1):
+        r = geolens(*args)
+    assert r.returncode == 0, r.stderr
+    lines = [s for _, s in shown if "onset expected ~" in s]
+    assert lines, shown[-1]
+    fired = next(e for e, s in shown if "onset expected ~" in s)
+    assert f"{forecast.rule.describe()} at {fired:,})" in lines[0]
+    assert f"~{fired + forecast.rule.lead:,.0f} (±{forecast.rule.error:,.0f})" in lines[0]
+    assert all("onset expected" not in s for e, s in shown if e < fired)
+    header = json.loads((tmp_path / "held_out" / "run.json").read_text())
+    assert ThresholdRule(**header["forecast"]) == forecast.rule
+    info = geolens("info", "--run", tmp_path / "held_out")
+    assert f"{forecast.rule.describe()} fired at {fired:,}" in info.stdout and "measured" in info.stdout
+
+    # a forecast file of another configuration is refused before anything is written
+    args[2] = "fb"
+    args[args.index(tmp_path / "held_out")] = tmp_path / "other"
+    r = geolens(*args)
+    assert r.returncode == 2 and "has no rule fitted on this run's configuration" in one_line_error(r.stderr)
+    assert not (tmp_path / "other").exists()
+    r = geolens("precursors", "--runs", tmp_path / "sweep", "--save", tmp_path / "f2.json")
+    assert r.returncode == 2 and "add --online" in one_line_error(r.stderr)
+    assert not math.isnan(forecast.loo_mae)
+
+
+def _replicate(path, preset, seed, onset, engine, threads, cpu="Test CPU", commit="a" * 40):
+    """A finished run of `preset` and seed whose test accuracy passes 0.95 at `onset`, computed by `engine`
+    on `threads` threads of `cpu`, trained at `commit`."""
+    from conftest import _step_curve, _write_run
+
+    from geolens.runs.storage import RunDir
+
+    _write_run(path, make_config(preset, p=23, seed=seed, data_seed=seed, epochs=3000), _step_curve(onset, 3000))
+    run = RunDir(path)
+    header = run.read_header()
+    header.update(engine=engine, segments=[{"from_epoch": 0, "geolens": "0.1.0", "geolens_commit": commit,
+                                            "machine": {"cpu": cpu, "cpu_capability": "AVX2", "torch_threads": threads}}])
+    run.write_header(header)
+
+
+def test_noise_floor_of_constructed_replicates(tmp_path, geolens):
+    """Seed 1 groks at 1,000 / 1,300 / 1,100 in three float orders, seed 2 at 2,000 / 2,050: spreads 300
+    and 50, floor 300; the same seed on another machine is its own row; a seed with one run has no spread."""
+    root = tmp_path / "runs"
+    for seed, onsets in ((1, (1000, 1300, 1100)), (2, (2000, 2050))):
+        for (engine, threads), onset in zip((("fast", 1), ("fast", 2), ("hooked", 1)), onsets):
+            _replicate(root / f"{engine}{threads}" / f"seed_{seed}", "ln", seed, onset, engine, threads)
+    _replicate(root / "other" / "seed_1", "ln", 1, 1500, "fast", 1, cpu="Other CPU")
+    _replicate(root / "other" / "seed_3", "ln", 3, 1500, "fast", 1, cpu="Other CPU")
+    r = geolens("noise-floor", "--runs", root, "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    data = json.loads((tmp_path / "out" / "noise_floor.json").read_text())
+    (floor,) = data["floors"]
+    assert floor["floor"] == 300
+    spreads = {(s["seed"], s["machine"]): (s["spread"], s["onsets"]) for s in floor["seeds"]}
+    assert spreads[(1, "Test CPU (AVX2)")] == (300, {"fast, 1 thread": 1000, "fast, 2 threads": 1300, "hooked, 1 thread": 1100})
+    assert spreads[(2, "Test CPU (AVX2)")][0] == 50
+    assert (1, "Other CPU (AVX2)") not in spreads  # one run on that machine: no spread, listed in the notes
+    md = (tmp_path / "out" / "noise_floor.md").read_text()
+    assert "floor 300 epochs" in md and "| 1 | Test CPU (AVX2) | 1,000 | 1,300 | 1,100 | 300 |" in md
+    assert "2 seeds have one run on their machine" in md
+    from geolens.analysis.noise_floor import read_floors
+    from geolens.runs.runset import group_key
+
+    assert read_floors((tmp_path / "out" / "noise_floor.json").read_text()) == {
+        group_key(make_config("ln", p=23)): 300}
+    with pytest.raises(GeoError, match="not a geolens noise-floor file"):
+        read_floors('{"format": "x"}')
+
+
+def test_provenance_notes_name_dirty_and_mixed_commits(tmp_path, geolens):
+    root = tmp_path / "runs"
+    _replicate(root / "seed_1", "ln", 1, 1000, "fast", 1, commit="a" * 40)
+    _replicate(root / "seed_2", "ln", 2, 1100, "fast", 1, commit="b" * 40 + "+dirty")
+    _replicate(root / "seed_3", "ln", 3, 1200, "fast", 1, commit="a" * 40)
+    for command in (["table"], ["precursors"], ["figures", "--formats", ""]):
+        r = geolens(*command, "--runs", root, "--out", tmp_path / command[0])
+        assert r.returncode == 0, r.stderr
+        text = " ".join(r.stdout.split())
+        assert f"1 of 3 runs were trained from an uncommitted tree (+dirty in run.json): {root / 'seed_2'}" in text
+        assert "the runs were trained at 2 commits: aaaaaaa (2 runs), bbbbbbb (1 runs)" in text
+    from geolens.runs.run import Run
+    from geolens.runs.runset import provenance_notes
+
+    assert provenance_notes([Run(root / "seed_1"), Run(root / "seed_3")]) == []  # one clean commit: nothing to say
+
+
+def test_experiment_scripts_refuse_a_dirty_tree(tmp_path):
+    """analyses/clean_tree.sh: exit 2 with one line when geolens/ differs from HEAD, unless ALLOW_DIRTY=1."""
+    import shutil
+    import subprocess
+
+    from conftest import REPO
+
+    repo = tmp_path / "repo"
+    (repo / "geolens").mkdir(parents=True)
+    (repo / "analyses").mkdir()
+    shutil.copy(REPO / "analyses" / "clean_tree.sh", repo / "analyses")
+    (repo / "geolens" / "x.py").write_text("x = 1\n")
+    script = "source analyses/clean_tree.sh; require_clean_tree; echo started"
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    subprocess.run([*git, "add", "."], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], cwd=repo, check=True)
+
+    def run(env=None):
+        import os
+        return subprocess.run(["bash", "-c", script], cwd=repo, capture_output=True, text=True, env={**os.environ, **(env or {})})
+
+    assert run().stdout == "started\n"
+    (repo / "geolens" / "x.py").write_text("x = 2\n")
+    done = run()
+    assert done.returncode == 2 and done.stdout == "" and "commit them first" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert run({"ALLOW_DIRTY": "1"}).stdout == "started\n"
+    scripts = ["analyses/interventions/run_cpu.sh", "analyses/precursors/run_cpu.sh", "analyses/reproduction/run_cpu.sh",
+               "analyses/reproduction/run_gpu.sh", "analyses/reproduction/float_order_hooked.sh",
+               "analyses/noise_floor/run_cpu.sh"]
+    for name in scripts:  # every script that trains records sources the check before it trains
+        text = (REPO / name).read_text()
+        assert "require_clean_tree" in text and text.index("require_clean_tree") < text.index("-m geolens")
