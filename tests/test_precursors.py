@@ -119,7 +119,7 @@ def test_precursors_without_runs_is_one_line(tmp_path, geolens):
     assert r.returncode == 2 and "no finished run directory" in one_line_error(r.stderr)
 
 
-EMBEDDED_TABLES = 2  # docs/precursors.md: add and mul offline
+EMBEDDED_TABLES = 6  # docs/precursors.md: add offline, side by side, add online at warnings 100 and 500, mul offline and online
 
 
 def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, monkeypatch):
@@ -146,6 +146,13 @@ def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, mon
                 (committed / "precursors_online.md").read_text())
         write_forecasts(tmp_path / folder / "forecast.json", forecasts, warning)
         assert read_forecasts(tmp_path / folder / "forecast.json") == read_forecasts(committed / "forecast.json")
+    side = importlib.util.spec_from_file_location("side", REPO / "analyses" / "precursors" / "side_by_side.py")
+    side_by_side = importlib.util.module_from_spec(side)
+    side.loader.exec_module(side_by_side)
+    add = REPO / "results" / "precursors" / "add"
+    assert side_by_side.side_by_side(side_by_side.read(add / "precursors.csv"), [
+        (100, side_by_side.read(add / "precursors_online.csv")),
+        (500, side_by_side.read(add / "warning500" / "precursors_online.csv"))]) == (add / "side_by_side.md").read_text()
     spec = importlib.util.spec_from_file_location("embed", REPO / "analyses" / "reproduction" / "embed_tables.py")
     embed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(embed)

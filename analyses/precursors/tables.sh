@@ -5,8 +5,8 @@
 # multiplication, 3 seeds of LayerNorm and fully bounded), into results/precursors/{add,mul}/: the offline
 # table with its statistics, the online threshold rules (minimum warning 100 epochs; for addition also
 # 500 epochs, in add/warning500) and the forecast file of each configuration's best rule (forecast.json,
-# for `geolens train --forecast`); the doc shows their precursors.png from there. Then the tables
-# embedded in the doc.
+# for `geolens train --forecast`); the doc shows their precursors.png from there. Then the side-by-side
+# table of W_L's offline crossing and the online rules (side_by_side.py) and the tables embedded in the doc.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 py=${PYTHON:-.venv/bin/python}
@@ -17,4 +17,6 @@ done
 "$py" -m geolens precursors --runs results/precursors/records/add --out results/precursors/add/warning500 --online \
     --min-warning 500 --save results/precursors/add/warning500/forecast.json > /dev/null
 rm -f results/precursors/add/warning500/precursors.{md,csv,png}  # the offline table is add/'s
+"$py" analyses/precursors/side_by_side.py results/precursors/add/precursors.csv results/precursors/add/side_by_side.md \
+    results/precursors/add/precursors_online.csv:100 results/precursors/add/warning500/precursors_online.csv:500
 "$py" analyses/reproduction/embed_tables.py docs/precursors.md

@@ -5,6 +5,8 @@ Owns one module per metric family (fourier: bases, discrete log, the cyclic fram
 progress_measures: Nanda's progress measures and truncated-logit accuracy; clockpizza, health,
 circuit, geometry), the metric set (registry, AnalysisContext), metrics at every checkpoint
 (trajectory), the circuit at one step (probe), precursors of the onset and their leads (precursors),
+statistics over seeds (significance), online onset forecasts tested held-out (online_rules), the
+float-order noise floor of the onset (noise_floor),
 a Run with analyze and probe (run_analysis) and the shipped reference trajectories (shipped). May
 import geolens.errors, geolens.model, geolens.runs (reading runs) and, for Run.fork alone,
 geolens.training.fork; never sweeps or outputs.
