@@ -495,16 +495,23 @@ def test_the_interventions_tables(tmp_path, write_run, step_curve):
     spec = importlib.util.spec_from_file_location("summarize", REPO / "analyses" / "interventions" / "summarize.py")
     summarize = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(summarize)
-    tables = summarize.summarize(constructed_interventions(tmp_path / "interventions", write_run, step_curve))
+    from geolens.runs.runset import group_key
+
+    floors = {group_key(make_config("ln")): 450}  # a float-order floor of 450 epochs for the LayerNorm parents
+    tables = summarize.summarize(constructed_interventions(tmp_path / "interventions", write_run, step_curve), floors)
     assert list(tables) == ["parents", "pulses", "rescue"]
     assert "| ln wd 1 | 1 | 8,000 |" in tables["parents"] and "| ln wd 1 | 2 | 7,000 |" in tables["parents"]
     pulses = tables["pulses"].splitlines()
     assert pulses[2] == ("| ln | schedule weight_decay=0.3@+0:+200 | 3,000 | 8,400 / 5,400 / +400 (8,000) | "
-                         "7,600 / 4,600 / +600 (7,000) | +500 | 2/2 |")
+                         "7,600 / 4,600 / +600 (7,000) | +500 | 2/2 | 0-/2+ (p 0.5) | 1/2 beyond ±450 |")
     assert pulses[3] == ("| ln | schedule weight_decay=3.0@+0:+200 | 1,000 | 7,500 / 6,500 / -500 (8,000) | "
-                         "7,300 / 6,300 / +300 (7,000) | -100 | 2/2 |")
+                         "7,300 / 6,300 / +300 (7,000) | -100 | 2/2 | 1-/1+ (p 1) | 1/2 beyond ±450 |")
+    # the pulse of 3 at two steps pooled: shifts -500, +300, -2,000, -1,000 (binomial 3 of 4: p 10/16)
+    assert pulses[5] == ("| ln | schedule weight_decay=3.0@+0:+200 | all (4 seed-steps) |  |  | -750 | | "
+                         "3-/1+ (p 0.625) | 3/4 beyond ±450 |")
+    assert len(pulses) == 6  # the pulse of 0.3 at one step has no pooled row
     assert tables["rescue"].splitlines()[2] == ("| ln | norm sphere, unembed bounded, weight_decay 0 | 5,000 | none by "
-                                                "12,000, peak test acc 0.50 (8,000) | - | 0/1 |")
+                                                "12,000, peak test acc 0.50 (8,000) | - | 0/1 | - | - |")
     embed_spec = importlib.util.spec_from_file_location("embed", REPO / "analyses" / "reproduction" / "embed_tables.py")
     embed = importlib.util.module_from_spec(embed_spec)
     embed_spec.loader.exec_module(embed)
