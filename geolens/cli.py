@@ -393,6 +393,8 @@ def precursors(
                                           "family of tests for the Holm correction; default: every recorded column)."),
     save: Optional[Path] = typer.Option(None, help="Online rules: write each configuration's best rule (fitted on all "
                                         "its runs) to this forecast file, for `geolens train --forecast FILE`."),
+    check: Optional[Path] = typer.Option(None, help="Score a forecast file on the runs (new seeds): each run's forecast "
+                                         "and onset, against the fitting runs' mean onset (forecast_check.md)."),
 ) -> None:
     """Which recorded quantity announces the onset: per configuration and precursor, how often its event
     precedes the onset, the lead with its bootstrap interval, its Spearman correlation with the onset
@@ -400,8 +402,8 @@ def precursors(
     figure of every precursor against epochs relative to the onset. --online: threshold rules on every
     recorded column tested held-out, and --save the forecast file."""
     from geolens.outputs.plots import save_static
-    from geolens.outputs.precursor_table import (COLUMNS, ONLINE_COLUMNS, fig_precursors, online_rows, precursor_rows,
-                                                 write_precursor_table)
+    from geolens.outputs.precursor_table import (CHECK_COLUMNS, COLUMNS, ONLINE_COLUMNS, check_rows, fig_precursors,
+                                                 online_rows, precursor_rows, write_precursor_table)
     from geolens.runs.forecast import write_forecasts
 
     if not online and (save is not None or columns is not None):
@@ -425,6 +427,10 @@ def precursors(
             for f in forecasts:
                 console.print(f"forecast for {f.configuration}: {f.rule.describe()}, onset at firing + {f.rule.lead:,.0f} "
                               f"(held-out MAE {f.loo_mae:,.0f}, mean onset's {f.baseline_mae:,.0f})", soft_wrap=True)
+    if check is not None:
+        rows, notes = check_rows(runs, check)
+        _print_rows(f"{runs}: the forecasts of {check}", CHECK_COLUMNS, rows, notes)
+        paths += write_precursor_table(rows, notes, folder, "forecast_check", CHECK_COLUMNS)
     console.print(f"wrote {', '.join(map(str, paths))}", markup=False, highlight=False, soft_wrap=True)
 
 

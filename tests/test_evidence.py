@@ -181,6 +181,17 @@ def test_a_forecast_fitted_on_a_small_sweep_shows_on_a_held_out_seed(tmp_path, g
     assert ThresholdRule(**header["forecast"]) == forecast.rule
     info = geolens("info", "--run", tmp_path / "held_out")
     assert f"{forecast.rule.describe()} fired at {fired:,}" in info.stdout and "measured" in info.stdout
+    # scored on the new seed against the fitting seeds' mean onset
+    onset = json.loads((tmp_path / "held_out" / "events.json").read_text())["onset_095"]
+    fitting = [json.loads((tmp_path / "sweep" / f"seed_{s}" / "events.json").read_text())["onset_095"] for s in (1, 2, 3, 4)]
+    assert forecast.mean_onset == pytest.approx(sum(fitting) / 4)
+    r = geolens("precursors", "--runs", tmp_path / "held_out", "--out", tmp_path / "check", "--check", tmp_path / "forecast.json")
+    assert r.returncode == 0, r.stderr
+    check = (tmp_path / "check" / "forecast_check.md").read_text()
+    expected = fired + forecast.rule.lead
+    assert (f"| 5 | {forecast.rule.describe()} | {fired:,} | {expected:,.0f} | {onset:,} | {abs(onset - expected):,.0f} | "
+            f"{abs(onset - forecast.mean_onset):,.0f} |") in check
+    assert f"forecast MAE {abs(onset - expected):,.0f} against the fitting runs' mean onset" in check
 
     # a forecast file of another configuration is refused before anything is written
     args[2] = "fb"

@@ -163,3 +163,28 @@ def with_holm(rows: list[OnlineStats]) -> list[OnlineStats]:
     for s, p in zip(rows, holm([s.p for s in rows])):
         s.holm_p = p
     return rows
+
+
+@dataclass
+class Checked:
+    """A saved forecast on one new run: when its rule fired, the onset it forecast and the one measured,
+    the forecast's absolute error and that of the fitting runs' mean onset (None where undefined)."""
+
+    seed: int
+    onset: int | None
+    fired: int | None
+    expected: float | None
+    error: float | None
+    baseline_error: float | None
+
+
+def check_forecast(rule: ThresholdRule, mean_onset: float | None, runs: list[Run]) -> list[Checked]:
+    """The rule replayed on each run's metrics (as `geolens train --forecast` follows it) against its onset."""
+    out = []
+    for run in runs:
+        onset, fired = run.events.get("onset_095"), rule.first_firing(run.metrics)
+        expected = None if fired is None else fired + rule.lead
+        out.append(Checked(run.config.seed, onset, fired, expected,
+                           None if onset is None or expected is None else abs(onset - expected),
+                           None if onset is None or mean_onset is None else abs(onset - mean_onset)))
+    return out

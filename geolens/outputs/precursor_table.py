@@ -12,11 +12,11 @@ import math
 from pathlib import Path
 
 from geolens.analysis.precursors import PRECURSORS, LeadStats, Precursor, group_precursors, run_events, with_holm
-from geolens.analysis.online_rules import OnlineStats, group_online
+from geolens.analysis.online_rules import OnlineStats, check_forecast, group_online
 from geolens.analysis.online_rules import with_holm as online_with_holm
-from geolens.analysis.significance import fmt_p
+from geolens.analysis.significance import fmt_p, wilcoxon_less
 from geolens.outputs.plots import PALETTE, FigureSpec, Line, Panel, VLine
-from geolens.runs.forecast import Forecast
+from geolens.runs.forecast import Forecast, read_forecasts
 from geolens.runs.runset import RunGroup, find_runs, group_key, group_runs, provenance_notes
 from geolens.runs.storage import atomic_write_bytes
 
@@ -144,9 +144,9 @@ def online_rows(root: str | Path, min_warning: int = 0, columns: list[str] | Non
         usable = [s for s in rows if s.rule is not None and s.never == 0 and s.mae is not None]
         if usable:
             best = min(usable, key=lambda s: s.mae)
-            forecasts.append(Forecast(group.full_label, group_key(group.config),
-                                      [r.config.seed for r in group.runs if r.events.get("onset_095") is not None],
-                                      best.rule, best.mae, best.baseline_mae, min_warning))
+            onsets = {r.config.seed: r.events["onset_095"] for r in group.runs if r.events.get("onset_095") is not None}
+            forecasts.append(Forecast(group.full_label, group_key(group.config), list(onsets), best.rule, best.mae,
+                                      best.baseline_mae, min_warning, sum(onsets.values()) / len(onsets)))
         else:
             notes.append(f"{group.full_label}: no column's rule fires on every held-out run; no forecast")
     online_with_holm([s for _, s in stats])
@@ -172,3 +172,43 @@ def _online_row(label: str, s: OnlineStats) -> dict[str, str]:
             "warning range": "-" if s.warning_range is None else f"{s.warning_range[0]:,} to {s.warning_range[1]:,}",
             "p": fmt_p(s.p), "p (Holm)": fmt_p(s.holm_p),
             "survives": "-" if s.holm_p is None else ("yes" if s.survives else "no")}
+
+
+CHECK_COLUMNS = ["configuration", "seed", "rule", "fired", "forecast", "onset", "error", "mean-onset error"]
+
+
+def check_rows(root: str | Path, path: str | Path) -> tuple[list[dict[str, str]], list[str]]:
+    """`geolens precursors --check FILE`: the forecast file's rule for each configuration under root replayed
+    on every run of it (runs the file has no rule for are counted in a note), one row per run, and per
+    configuration a summary note: the forecasts' MAE against the fitting runs' mean onset's, on how many
+    runs the forecast is closer, the one-sided Wilcoxon p-value that its errors are smaller, runs never fired."""
+    forecasts = {f.key: f for f in read_forecasts(path)}
+    runs, skipped = find_runs(root)
+    notes = provenance_notes(runs) + [f"skipped {p}: {why}" for p, why in skipped.items()]
+    rows = []
+    for group in group_runs(runs):
+        f = forecasts.get(group_key(group.config))
+        if f is None or group.fork:
+            notes.append(f"{group.full_label}: {path} has no rule for this configuration ({len(group.runs)} runs)")
+            continue
+        checked = check_forecast(f.rule, f.mean_onset, group.runs)
+        fitted = set(f.seeds) & {c.seed for c in checked}
+        for c in checked:
+            rows.append({"configuration": group.full_label, "seed": str(c.seed), "rule": f.rule.describe(),
+                         "fired": _num(c.fired), "forecast": _num(c.expected), "onset": _num(c.onset),
+                         "error": _num(c.error), "mean-onset error": _num(c.baseline_error)})
+        scored = [c for c in checked if c.error is not None and c.baseline_error is not None]
+        if scored:
+            errors, base = [c.error for c in scored], [c.baseline_error for c in scored]
+            notes.append(f"{group.full_label}: forecast MAE {sum(errors) / len(errors):,.0f} against the fitting runs' "
+                         f"mean onset ({f.mean_onset:,.0f}) {sum(base) / len(base):,.0f} on {len(scored)} runs, closer on "
+                         f"{sum(e < b for e, b in zip(errors, base))}; one-sided Wilcoxon p "
+                         f"{fmt_p(wilcoxon_less(errors, base))}; never fired on {sum(c.fired is None for c in checked)}")
+        if fitted:
+            notes.append(f"{group.full_label}: seeds {sorted(fitted)} are among those the rule was fitted on: "
+                         "not a held-out test for them")
+    return rows, notes
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:,.0f}"

@@ -11,7 +11,7 @@ measures them.
 
 Forecast file (JSON): {"format": "geolens-forecast", "format_version": 1, "min_warning": N,
 "forecasts": [{"configuration": label, "key": runset.group_key, "seeds": [...], "rule": {...},
-"loo_mae": E, "baseline_mae": B}, ...]}.
+"loo_mae": E, "baseline_mae": B, "min_warning": N, "mean_onset": M}, ...]}.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ class Forecast:
     loo_mae: float | None
     baseline_mae: float | None
     min_warning: int
+    mean_onset: float | None = None  # the fitting runs' mean onset: the baseline a forecast of new runs must beat
 
 
 def write_forecasts(path: str | Path, forecasts: list[Forecast], min_warning: int) -> Path:
