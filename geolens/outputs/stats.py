@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from scipy import stats
 
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0  # fixed: the same values always give the same interval
@@ -45,16 +46,17 @@ def summarize(values: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES, see
 
 def bootstrap_ci(values: Sequence[float], level: float = CI_LEVEL, resamples: int = BOOTSTRAP_RESAMPLES,
                  seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean: resample the n values with replacement `resamples`
-    times (numpy Generator seeded with `seed`), take the (1 - level) / 2 and (1 + level) / 2
-    quantiles (linear interpolation) of the resampled means."""
+    """Percentile bootstrap interval of the mean (scipy.stats.bootstrap, method 'percentile'): `resamples`
+    resamples of the n values with replacement (numpy Generator seeded with `seed`), the (1 - level) / 2
+    and (1 + level) / 2 quantiles of their means. Equal values give that value twice."""
     x = np.asarray(values, dtype=np.float64)
     if x.size < 2:
         return NAN, NAN
-    idx = np.random.default_rng(seed).integers(0, x.size, size=(resamples, x.size))
-    means = x[idx].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
+    if np.ptp(x) == 0:
+        return float(x[0]), float(x[0])
+    res = stats.bootstrap((x,), np.mean, confidence_level=level, n_resamples=resamples, method="percentile",
+                          random_state=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def verdict(ours: Summary, paper_mean: float | None, paper_min: float | None = None, paper_max: float | None = None) -> str:
