@@ -260,7 +260,7 @@ def test_two_layer_models_fall_back_with_a_reason():
 
 def test_every_config_field_is_declared_by_the_fast_path():
     """A new GeoConfig field must be classified in geolens.model.fast before the fast path runs it."""
-    declared = {"n_layers", "norm", "unembed", "attention"} | fast.FAST_VALUE_FIELDS | fast.FAST_IGNORED_FIELDS
+    declared = {"n_layers", "norm", "unembed", "attention", "norm_placement"} | fast.FAST_VALUE_FIELDS | fast.FAST_IGNORED_FIELDS
     assert declared == {f.name for f in dataclasses.fields(GeoConfig)}
     assert not fast.FAST_VALUE_FIELDS & fast.FAST_IGNORED_FIELDS
 

@@ -10,6 +10,7 @@ exactly that, keyed by TransformerLens hook name, with the position axis dropped
     blocks.L.attn.hook_z                                     [N, n_heads, d_head]
     blocks.L.mlp.hook_post                                   [N, d_mlp]
     blocks.L.{attn,mlp}_norm.hook_scale (not for norm none)  [N, 1]
+      (pre-norm: blocks.L.ln1 / ln2.hook_scale and ln_final.hook_scale)
 
 Two routes give the same values up to float32 summation order
 (tests/test_analysis_speed_paths.py):
@@ -61,13 +62,17 @@ def residual_hooks(cfg: GeoConfig) -> list[str]:
     return out
 
 
+def norm_names(cfg: GeoConfig) -> list[str]:
+    """Every norm module's name in forward order: embed_norm and blocks.L.attn_norm / mlp_norm
+    (post-norm), or blocks.L.ln1 / ln2 and ln_final (pre-norm)."""
+    if cfg.norm_placement == "pre":
+        return [f"blocks.{layer}.{n}" for layer in range(cfg.n_layers) for n in ("ln1", "ln2")] + ["ln_final"]
+    return ["embed_norm"] + [f"blocks.{layer}.{n}_norm" for layer in range(cfg.n_layers) for n in ("attn", "mlp")]
+
+
 def projected_hooks(cfg: GeoConfig) -> list[str]:
     """Outputs of the sphere projections (empty unless cfg.norm == 'sphere')."""
-    if cfg.norm != "sphere":
-        return []
-    return ["embed_norm.hook_normalized"] + [
-        f"blocks.{layer}.{n}_norm.hook_normalized" for layer in range(cfg.n_layers) for n in ("attn", "mlp")
-    ]
+    return [f"{name}.hook_normalized" for name in norm_names(cfg)] if cfg.norm == "sphere" else []
 
 
 def eq_hooks(cfg: GeoConfig) -> list[str]:
@@ -75,8 +80,8 @@ def eq_hooks(cfg: GeoConfig) -> list[str]:
     out = residual_hooks(cfg)
     for layer in range(cfg.n_layers):
         out += [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.mlp.hook_post"]
-        if cfg.norm != "none":
-            out += [f"blocks.{layer}.attn_norm.hook_scale", f"blocks.{layer}.mlp_norm.hook_scale"]
+    if cfg.norm != "none":
+        out += [f"{name}.hook_scale" for name in norm_names(cfg) if name != "embed_norm"]
     return out
 
 

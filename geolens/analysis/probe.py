@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from geolens.errors import GeoError
 from geolens.model.cache import GeoActivationCache
 from geolens.model.transformer import GeoTransformer
 
@@ -101,6 +102,10 @@ def probe_run(run, step: int) -> Probe:
 
     nearest = run.nearest_step(step)
     model = run.model_at(nearest)
+    if model.cfg.norm_placement != "post":
+        raise GeoError(f"probe reads the circuit of post-norm models; {run.path} is norm_placement = "
+                       f"'{model.cfg.norm_placement}' (not yet served): use geolens analyze (its placement-free metrics) "
+                       "or model.run_with_cache with TransformerLens's ActivationCache tools")
     ctx = AnalysisContext(model, model.cfg, run.dataset)  # the config that held at that step (Run.config_at)
     metrics, skipped = compute_metrics(context=ctx, num_threads=1)
     return Probe(step, nearest, model, ctx, metrics, skipped, ctx.dla)

@@ -275,6 +275,20 @@ METRICS: dict[str, MetricSpec] = {
 }
 
 
+#: metrics whose definition and computation read nothing that depends on where the norms sit
+PLACEMENT_AGNOSTIC = frozenset({"loss", "weight_norm", "softmax_collapse", "zero_loss_fraction", "nlm_cosine"})
+
+
+def placement_reason(name: str, cfg: GeoConfig) -> str | None:
+    """Why metric `name` is not computed for this placement (None: it is): the metrics outside
+    PLACEMENT_AGNOSTIC were written for the post-norm stream (each norm's output replaces it) and are not
+    yet served for pre-norm models, rather than computed with post-norm formulas."""
+    if cfg.norm_placement == "post" or name in PLACEMENT_AGNOSTIC:
+        return None
+    return (f"not yet served for norm_placement = '{cfg.norm_placement}' (written for the post-norm stream); "
+            "TransformerLens's ActivationCache tools apply to pre-norm runs (run_with_cache)")
+
+
 def compute_metrics(
     model=None, cfg: GeoConfig | None = None, dataset: Dataset | None = None, names=None, key_freqs=None,
     num_threads: int | None = 1, context: AnalysisContext | None = None,
@@ -307,7 +321,7 @@ def compute_metrics(
     with torch_threads(num_threads):
         for name in names:
             spec = METRICS[name]
-            reason = spec.applies(context.cfg)
+            reason = placement_reason(name, context.cfg) or spec.applies(context.cfg)
             if reason is not None:
                 skipped[name] = reason
                 continue

@@ -1,5 +1,10 @@
 """GeoActivationCache: TransformerLens's ActivationCache with residual tools that are exact for
-the post-norm GeoTransformer (what GeoTransformer.run_with_cache returns).
+the post-norm GeoTransformer (what GeoTransformer.run_with_cache returns). A pre-norm GeoTransformer
+(cfg.norm_placement 'pre') has HookedTransformer's topology and names (ln1, ln2, ln_final with
+hook_scale), so its cache keeps TransformerLens's own methods unchanged (apply_ln_to_stack rescales
+by the cached hook_scale, as on a HookedTransformer with folded norms; logit_attrs reads
+model.tokens_to_residual_directions, which includes ln_final's gain). The rest of this docstring is
+the post-norm model's.
 
 TransformerLens's decompose_resid / stack_head_results / stack_neuron_results /
 get_full_resid_decomposition assume a pre-norm model, where a stream is the plain sum of the
@@ -43,6 +48,11 @@ def _directions(project_output_onto: Tensor | None) -> tuple[Tensor | None, bool
 class GeoActivationCache(ActivationCache):
     """ActivationCache of a GeoTransformer run; the residual decompositions are exact for its
     post-norm topology (see the module docstring and geolens.model.decompose)."""
+
+    @property
+    def pre_norm(self) -> bool:
+        """A pre-norm model: TransformerLens's own residual tools apply (module docstring)."""
+        return self.model.cfg.norm_placement == "pre"
 
     # ---- plumbing ----
     def _acts(self, pos_slice: Slice):
@@ -88,6 +98,9 @@ class GeoActivationCache(ActivationCache):
         with mlp_input), and 'bias' (mode 'all': the LayerNorm offsets; zero for other norms),
         each carried through the later norms at their cached scales (geolens.model.decompose).
         apply_ln changes nothing (the stream is read without a further norm)."""
+        if self.pre_norm:
+            return super().decompose_resid(layer=layer, mlp_input=mlp_input, mode=mode, apply_ln=apply_ln,
+                                           pos_slice=pos_slice, incl_embeds=incl_embeds, return_labels=return_labels)
         if mode not in MODES:
             raise GeoError(f"mode = {mode!r} is not valid; use one of {', '.join(MODES)}")
         kinds = (("embed",) if incl_embeds else ()) + {"all": ("attn", "mlp", "bias"), "attn": ("attn",), "mlp": ("mlp",)}[mode]
@@ -99,6 +112,9 @@ class GeoActivationCache(ActivationCache):
         input of `layer` [n_heads * layer, *lead, d_model] (z_h W_O^h carried through the later
         norms); incl_remainder adds 'remainder' = that stream minus the heads. apply_ln changes
         nothing."""
+        if self.pre_norm:
+            return super().stack_head_results(layer=layer, return_labels=return_labels,
+                                              incl_remainder=incl_remainder, pos_slice=pos_slice, apply_ln=apply_ln)
         return self._parts(list, layer, False, pos_slice, None, incl_remainder, return_labels, kinds=("attn",))
 
     def stack_neuron_results(self, layer: int, pos_slice=None, neuron_slice=None, return_labels: bool = False,
@@ -109,6 +125,11 @@ class GeoActivationCache(ActivationCache):
         post_n W_out[n] carried through the later norms, [n_neurons, *lead, d_model], or projected
         on project_output_onto ([d_model] or [d_model, k]). b_out is not in any neuron (it is in
         the 'bias' part of get_full_resid_decomposition). apply_ln changes nothing."""
+        if self.pre_norm:
+            return super().stack_neuron_results(layer=layer, pos_slice=pos_slice, neuron_slice=neuron_slice,
+                                                return_labels=return_labels, incl_remainder=incl_remainder,
+                                                apply_ln=apply_ln, project_output_onto=project_output_onto,
+                                                mlp_input=mlp_input)
         index = _slice([neuron_slice] if isinstance(neuron_slice, int) else neuron_slice).apply(
             torch.arange(self.model.cfg.d_mlp))
         return self._parts(list, layer, mlp_input, pos_slice, project_output_onto, incl_remainder, return_labels,
@@ -124,6 +145,11 @@ class GeoActivationCache(ActivationCache):
         cached scales. [n_parts, *lead, d_model], or projected on project_output_onto ([d_model]
         or [d_model, k]; the readout directions model.tokens_to_residual_directions give logits).
         apply_ln changes nothing."""
+        if self.pre_norm:
+            return super().get_full_resid_decomposition(layer=layer, mlp_input=mlp_input,
+                                                        expand_neurons=expand_neurons, apply_ln=apply_ln,
+                                                        pos_slice=pos_slice, return_labels=return_labels,
+                                                        project_output_onto=project_output_onto)
         def order(blocks):
             return ([n for n in blocks if n.startswith("attn")] + [n for n in blocks if n.startswith("mlp")]
                     + ["embed", "pos_embed", "bias"])
@@ -144,6 +170,10 @@ class GeoActivationCache(ActivationCache):
         """Identity (after batch_slice): a GeoTransformer has no norm between a stream and what
         reads it, and the parts of this cache's decompositions have already been carried through
         the norms they pass."""
+        if self.pre_norm:
+            return super().apply_ln_to_stack(residual_stack=residual_stack, layer=layer, mlp_input=mlp_input,
+                                             pos_slice=pos_slice, batch_slice=batch_slice,
+                                             has_batch_dim=has_batch_dim, recompute_ln=recompute_ln)
         if has_batch_dim:
             residual_stack = _slice(batch_slice).apply(residual_stack, dim=1)
         return residual_stack
@@ -159,7 +189,9 @@ class GeoActivationCache(ActivationCache):
 
     def logit_lens(self, **kwargs):
         """Refused: TransformerLens's logit lens reads ln_final -> h @ W_U + b_U, which is not
-        this model's readout path."""
+        this model's readout path (post-norm: no final norm; either placement: no b_U, and the bounded
+        readout normalises W_U's columns)."""
         raise GeoError("TransformerLens's logit_lens assumes a final pre-unembed norm and h @ W_U + b_U; for a "
-                       "GeoTransformer use model.unembed(cache.accumulated_resid()) (exact: every stream is a norm "
-                       "output the readout reads directly)")
+                       "post-norm GeoTransformer use model.unembed(cache.accumulated_resid()) (exact: every stream is "
+                       "a norm output the readout reads directly), for a pre-norm one "
+                       "model.unembed(model.ln_final(cache.accumulated_resid()))")

@@ -17,6 +17,7 @@ from typing import Any
 from geolens.errors import GeoError
 
 NORMS = ("none", "layernorm", "rmsnorm", "sphere")
+PLACEMENTS = ("post", "pre")
 UNEMBEDS = ("raw", "bounded")
 ATTENTIONS = ("learned", "uniform")
 INITS = ("paper", "notebook", "tl")
@@ -42,6 +43,7 @@ class GeoConfig:
     d_head: int = 32
     d_mlp: int = 512
     norm: str = "layernorm"
+    norm_placement: str = "post"  # post: the norm replaces the stream (the paper's); pre: HookedTransformer's ln1/ln2/ln_final
     unembed: str = "raw"
     tau: float = 10.0
     attention: str = "learned"
@@ -96,12 +98,19 @@ class GeoConfig:
     def n_ctx(self) -> int:
         return 3
 
+    @property
+    def normalization_type(self) -> str | None:
+        """What TransformerLens code reads to rescale a residual stack (ActivationCache.apply_ln_to_stack).
+        Post-norm: None (the norms replace the residual stream, TL's pre-norm rescaling does not apply;
+        geolens.model.cache gives the exact decompositions). Pre-norm: 'LN' (layernorm: centre, divide by
+        hook_scale), 'RMS' (rmsnorm, and the sphere, whose hook_scale is ||x||: divide by it), None (none)."""
+        if self.norm_placement == "post" or self.norm == "none":
+            return None
+        return "LN" if self.norm == "layernorm" else "RMS"
+
     # HookedTransformerConfig attributes TransformerLens code reads (ActivationCache, patching,
-    # utils). The post-norm normalisations replace the residual stream, so TL's pre-norm
-    # rescaling does not apply: normalization_type is None (the norm is `norm`; geolens.model.cache
-    # gives the decompositions). `device` above is the training device.
+    # utils). `device` above is the training device.
     attn_only = False
-    normalization_type = None
     act_fn = "relu"
     positional_embedding_type = "standard"
     default_prepend_bos = False
@@ -114,6 +123,7 @@ class GeoConfig:
         self._check_types()
         _choice("task", self.task, TASKS)
         _choice("norm", self.norm, NORMS)
+        _choice("norm_placement", self.norm_placement, PLACEMENTS)
         _choice("unembed", self.unembed, UNEMBEDS)
         _choice("attention", self.attention, ATTENTIONS)
         _choice("init", self.init, INITS)

@@ -96,6 +96,7 @@ __all__ = ["fast_unsupported_reason", "fast_logits", "stacked_fast_logits", "fas
 FAST_NORMS = frozenset({"none", "layernorm", "rmsnorm", "sphere"})
 FAST_READOUTS = frozenset({"raw", "bounded"})  # cfg.unembed
 FAST_ATTENTIONS = frozenset({"learned", "uniform"})
+FAST_PLACEMENTS = frozenset({"post"})  # cfg.norm_placement: the per-token tables assume post-norm
 FAST_N_LAYERS = 1
 FAST_N_CTX = 3  # [a, b, =]: the `=` query at the last position
 # read as values, any valid value computes exactly (causal: the mask never hides a key from the
@@ -107,7 +108,8 @@ FAST_IGNORED_FIELDS = frozenset({"task", "p", "n_perm", "frac_train", "data_seed
                                  "lr", "beta1", "beta2", "weight_decay", "epochs", "eval_every", "checkpoints",
                                  "early_stop_after", "engine", "device", "preset", "schedule",
                                  "norm_clamp"})
-_CHOICES = (("norm", FAST_NORMS), ("unembed", FAST_READOUTS), ("attention", FAST_ATTENTIONS))
+_CHOICES = (("norm", FAST_NORMS), ("unembed", FAST_READOUTS), ("attention", FAST_ATTENTIONS),
+            ("norm_placement", FAST_PLACEMENTS))
 
 
 def fast_unsupported_reason(cfg: GeoConfig) -> str | None:

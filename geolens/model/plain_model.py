@@ -5,11 +5,15 @@ position, for every topology) and it is the "straightforward" baseline of the tr
 (benchmarks/bench_train.py). It is written from the paper's equations with torch's own layers and
 uses no geolens computation: nn.Embedding, bias-free nn.Linear Q/K/V/O (heads are contiguous blocks
 of d_head features), softmax attention over the n_ctx positions, a ReLU MLP, torch's nn.LayerNorm /
-nn.RMSNorm or the sphere projection as post-norms, and F.normalize for the bounded readout:
+nn.RMSNorm or the sphere projection as post-norms or pre-norms, and F.normalize for the bounded readout:
 
-    h = N1(W_E[x] + W_pos)
-    per layer:  h = N2(h + Attn(h));  h = N3(h + W_out relu(W_in h + b_in) + b_out)
-    logits = h @ W_U  (raw)  or  tau * h @ (W_U with unit-norm columns)  (bounded)
+    post-norm:  h = N1(W_E[x] + W_pos)
+                per layer:  h = N2(h + Attn(h));  h = N3(h + W_out relu(W_in h + b_in) + b_out)
+                logits = R(h)
+    pre-norm:   h = W_E[x] + W_pos
+                per layer:  h = h + Attn(N2(h));  h = h + W_out relu(W_in N3(h) + b_in) + b_out
+                logits = R(N1(h))
+    R(h) = h @ W_U  (raw)  or  tau * h @ (W_U with unit-norm columns)  (bounded)
 
 load_from(model) copies a GeoTransformer's weights (HookedTransformer layout) into the nn.Linear
 layout ([out, in]).
@@ -40,7 +44,7 @@ class SphereNorm(nn.Module):
 
 
 def plain_norm(cfg: GeoConfig) -> nn.Module:
-    """The post-norm of cfg.norm as a torch module (an identity for 'none')."""
+    """The norm of cfg.norm as a torch module (an identity for 'none')."""
     if cfg.norm == "layernorm":
         return nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
     if cfg.norm == "rmsnorm":
@@ -51,7 +55,7 @@ def plain_norm(cfg: GeoConfig) -> nn.Module:
 
 
 class PlainBlock(nn.Module):
-    """One post-norm layer: attention, then the MLP, each followed by its norm."""
+    """One layer: attention, then the MLP, each followed (post-norm) or preceded (pre-norm) by its norm."""
 
     def __init__(self, cfg: GeoConfig):
         super().__init__()
@@ -61,8 +65,17 @@ class PlainBlock(nn.Module):
         self.o = nn.Linear(HD, D, bias=False)
         self.fc1, self.fc2 = nn.Linear(D, cfg.d_mlp), nn.Linear(cfg.d_mlp, D)
         self.norm_attn, self.norm_mlp = plain_norm(cfg), plain_norm(cfg)
+        self.pre = cfg.norm_placement == "pre"
 
     def forward(self, h: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        if self.pre:
+            h = h + self.attend(self.norm_attn(h))
+            return h + self.fc2(F.relu(self.fc1(self.norm_mlp(h))))
+        h = self.norm_attn(h + self.attend(h))
+        return self.norm_mlp(h + self.fc2(F.relu(self.fc1(h))))
+
+    def attend(self, h: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        """Multi-head softmax attention of every position over the n_ctx positions, projected by W_O."""
         cfg = self.cfg
         B, n, _ = h.shape
         H, dh = cfg.n_heads, cfg.d_head
@@ -73,12 +86,12 @@ class PlainBlock(nn.Module):
         if cfg.causal:
             scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=h.device).triu(1), float("-inf"))
         z = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, n, H * dh)
-        h = self.norm_attn(h + self.o(z))
-        return self.norm_mlp(h + self.fc2(F.relu(self.fc1(h))))
+        return self.o(z)
 
 
 class PlainTransformer(nn.Module):
-    """The paper's post-norm transformer (module docstring), computed at every position."""
+    """The transformer of the module docstring (post- or pre-norm), computed at every position; N1 is
+    the embedding's norm (post) or the final one (pre)."""
 
     def __init__(self, cfg: GeoConfig):
         super().__init__()
@@ -92,9 +105,14 @@ class PlainTransformer(nn.Module):
     def forward(self, tokens: Int[Tensor, "batch pos"], last_only: bool = False) -> Tensor:
         """Logits [batch, pos, d_vocab_out], or [batch, d_vocab_out] at the last position (`=`, the
         prediction) with last_only."""
-        h = self.norm_embed(self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device)))
+        h = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        pre = self.cfg.norm_placement == "pre"
+        if not pre:
+            h = self.norm_embed(h)
         for block in self.blocks:
             h = block(h)
+        if pre:
+            h = self.norm_embed(h)
         if last_only:
             h = h[:, -1]
         if self.cfg.unembed == "bounded":
@@ -109,7 +127,8 @@ class PlainTransformer(nn.Module):
         self.to(model.embed.W_E)
         self.tok.weight.copy_(model.embed.W_E)
         self.pos.weight.copy_(model.pos_embed.W_pos)
-        norms = [(self.norm_embed, model.embed_norm)]
+        pre = cfg.norm_placement == "pre"
+        norms = [(self.norm_embed, model.ln_final if pre else model.embed_norm)]
         for mine, theirs in zip(self.blocks, model.blocks):
             for lin, W in ((mine.q, theirs.attn.W_Q), (mine.k, theirs.attn.W_K), (mine.v, theirs.attn.W_V)):
                 lin.weight.copy_(W.permute(1, 0, 2).reshape(D, HD).T)  # [H, D, dh] -> [H*dh, D]
@@ -118,7 +137,8 @@ class PlainTransformer(nn.Module):
             mine.fc1.bias.copy_(theirs.mlp.b_in)
             mine.fc2.weight.copy_(theirs.mlp.W_out.T)
             mine.fc2.bias.copy_(theirs.mlp.b_out)
-            norms += [(mine.norm_attn, theirs.attn_norm), (mine.norm_mlp, theirs.mlp_norm)]
+            norms += ([(mine.norm_attn, theirs.ln1), (mine.norm_mlp, theirs.ln2)] if pre else
+                      [(mine.norm_attn, theirs.attn_norm), (mine.norm_mlp, theirs.mlp_norm)])
         for mine, theirs in norms:
             if hasattr(theirs, "w"):
                 mine.weight.copy_(theirs.w)

@@ -4,14 +4,23 @@ Parameter names and shapes follow HookedTransformer (embed.W_E [d_vocab, d_model
 pos_embed.W_pos [n_ctx, d_model], blocks.L.attn.W_Q/W_K/W_V [n_heads, d_model, d_head],
 W_O [n_heads, d_head, d_model], blocks.L.mlp.W_in/b_in/W_out/b_out, unembed.W_U
 [d_model, d_vocab_out]), and so do the model-level views (W_Q [n_layers, n_heads, d_model,
-d_head], ..., OV, QK), forward(tokens, return_type=...) and to_tokens / to_str_tokens. The
-topology differs from HookedTransformer in one way, as in the paper: normalisation is *post*-norm
-and its output replaces the residual stream:
+d_head], ..., OV, QK), forward(tokens, return_type=...) and to_tokens / to_str_tokens. Where the
+norm sits is cfg.norm_placement. 'post' (the paper's, the default): the norm's output replaces the
+residual stream:
 
     h = embed_norm(W_E[x] + W_pos)                    -> blocks.0.hook_resid_pre
     h = blocks.L.attn_norm(h + attn(h))               -> blocks.L.hook_resid_mid
     h = blocks.L.mlp_norm(h + mlp(h))                 -> blocks.L.hook_resid_post
     logits = unembed(h)                               -> [batch, pos, d_vocab_out]
+
+'pre' (HookedTransformer's): the norms read the inputs of the sublayers and of the readout, the
+residual stream is their sum (with `sphere`, the sublayer inputs are projected on the unit sphere and
+the stream is free):
+
+    h = W_E[x] + W_pos                                -> blocks.0.hook_resid_pre
+    h = h + attn(blocks.L.ln1(h))                     -> blocks.L.hook_resid_mid
+    h = h + mlp(blocks.L.ln2(h))                      -> blocks.L.hook_resid_post
+    logits = unembed(ln_final(h))
 
 The readout is applied at every position; the prediction is the last position's (`=`),
 logits[:, -1]. Extra hook points: every norm has hook_scale (the norm of its input before
@@ -173,17 +182,30 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """One layer: post-norm (attn_norm, mlp_norm replace the stream) or pre-norm (ln1, ln2 read the
+    sublayer inputs; TransformerLens's names), as cfg.norm_placement says (module docstring)."""
+
     def __init__(self, cfg: GeoConfig):
         super().__init__()
+        self.pre = cfg.norm_placement == "pre"
+        if self.pre:
+            self.ln1 = NORM_CLASSES[cfg.norm](cfg)
         self.attn = Attention(cfg)
-        self.attn_norm = NORM_CLASSES[cfg.norm](cfg)
+        if self.pre:
+            self.ln2 = NORM_CLASSES[cfg.norm](cfg)
+        else:
+            self.attn_norm = NORM_CLASSES[cfg.norm](cfg)
         self.mlp = MLP(cfg)
-        self.mlp_norm = NORM_CLASSES[cfg.norm](cfg)
+        if not self.pre:
+            self.mlp_norm = NORM_CLASSES[cfg.norm](cfg)
         for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
             setattr(self, f"hook_{name}", HookPoint())
 
     def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid)
+        if self.pre:
+            resid = self.hook_resid_mid(resid + self.hook_attn_out(self.attn(self.ln1(resid))))
+            return self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
         attn_out = self.hook_attn_out(self.attn(resid))
         resid = self.hook_resid_mid(self.attn_norm(resid + attn_out))
         mlp_out = self.hook_mlp_out(self.mlp(resid))
@@ -249,8 +271,12 @@ class GeoTransformer(HookedRootModule):
         self.hook_embed = HookPoint()
         self.pos_embed = PosEmbed(cfg)
         self.hook_pos_embed = HookPoint()
-        self.embed_norm = NORM_CLASSES[cfg.norm](cfg)
+        self.pre_norm = cfg.norm_placement == "pre"
+        if not self.pre_norm:
+            self.embed_norm = NORM_CLASSES[cfg.norm](cfg)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
+        if self.pre_norm:
+            self.ln_final = NORM_CLASSES[cfg.norm](cfg)
         self.unembed = Unembed(cfg)
         self.init_weights(cfg.seed if seed is None else seed)
         self.setup()
@@ -331,9 +357,10 @@ class GeoTransformer(HookedRootModule):
 
     # ---- forward ----
     def residual_after_embed(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        """The stream blocks.0 reads: embed_norm(W_E[x] + W_pos) post-norm, W_E[x] + W_pos pre-norm."""
         embed = self.hook_embed(self.embed(tokens))
         pos = self.hook_pos_embed(self.pos_embed(tokens))
-        return self.embed_norm(embed + pos)
+        return embed + pos if self.pre_norm else self.embed_norm(embed + pos)
 
     def forward(self, input, return_type: str | None = "logits", loss_per_token: bool = False,
                 labels: Int[Tensor, "batch"] | None = None):
@@ -358,7 +385,7 @@ class GeoTransformer(HookedRootModule):
             resid = block(resid)
         if return_type is None:
             return None
-        logits = self.unembed(resid)
+        logits = self.unembed(self.ln_final(resid) if self.pre_norm else resid)
         if return_type == "logits":
             return logits
         loss = self.loss_fn(logits, tokens, labels, per_token=loss_per_token)
@@ -472,7 +499,8 @@ class GeoTransformer(HookedRootModule):
     def W_L(self) -> Float[Tensor, "d_mlp d_vocab_out"]:
         """Neuron-to-logit map of the last block: W_out @ W_U (raw readout) or W_out @ (W_U with
         unit-norm columns) (bounded readout: the logits are tau times that, so W_L is in the
-        normalised space of the DLA). The last mlp_norm is not applied (it scales per input).
+        normalised space of the DLA). The last mlp_norm (pre-norm: ln_final) is not applied (it scales
+        per input).
         A plain tensor without gradient (safe to .numpy() for plotting)."""
         with torch.no_grad():
             W = self.unembed.readout_matrix()
@@ -481,18 +509,30 @@ class GeoTransformer(HookedRootModule):
             return self.blocks[-1].mlp.W_out @ W
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
-        """Refused: in this post-norm model the biases reach a stream through norms that scale per
-        input, so there is no input-independent accumulated bias (HookedTransformer's is a sum)."""
-        raise GeoError("accumulated_bias has no input-independent value in a post-norm GeoTransformer; use the 'bias' "
-                       "part of cache.get_full_resid_decomposition() or geolens.model.decompose.residual_parts")
+        """Pre-norm: the sum of the biases written into the stream before the input of `layer` (the
+        b_out of every earlier MLP with include_mlp_biases; attention has no biases), [d_model], as
+        HookedTransformer's. Refused post-norm: there the biases reach a stream through norms that
+        scale per input, so there is no input-independent accumulated bias."""
+        if not self.pre_norm:
+            raise GeoError("accumulated_bias has no input-independent value in a post-norm GeoTransformer; use the "
+                           "'bias' part of cache.get_full_resid_decomposition() or geolens.model.decompose.residual_parts")
+        bias = self.embed.W_E.new_zeros(self.cfg.d_model)
+        for block in self.blocks[:layer]:
+            if include_mlp_biases:
+                bias = bias + block.mlp.b_out
+        return bias
 
     def tokens_to_residual_directions(self, tokens) -> Tensor:
-        """Readout direction(s) of output token(s) in the final residual stream, [*tokens.shape,
-        d_model] (int or str: [d_model]): h . direction is exactly that token's logit (W_U
-        columns, or tau * unit-norm W_U columns for the bounded readout)."""
+        """Readout direction(s) of output token(s), [*tokens.shape, d_model] (int or str: [d_model]): W_U
+        columns, or tau * unit-norm W_U columns for the bounded readout. Post-norm: h . direction is
+        exactly that token's logit for the final stream h. Pre-norm: the direction is taken in the space
+        of ln_final's normalised input (its gain w folded in, as HookedTransformer folds it into W_U), so
+        cache.apply_ln_to_stack(parts) . direction adds up to the logit minus ln_final's offset b . W_U."""
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)
-        return self.unembed.readout_matrix().T[tokens]
+        directions = self.unembed.readout_matrix().T[tokens]
+        w = getattr(self.ln_final, "w", None) if self.pre_norm else None
+        return directions if w is None else directions * w
 
 
 _FAN_IN = {

@@ -41,6 +41,8 @@ REFUSED = {
     **{f: "the fork starts from the parent's weights, not from an initialisation" for f in ("seed", "init",
                                                                                             "fourier_init")},
     "eval_every": "the fork keeps the parent's evaluation record",
+    "norm_placement": "pre- and post-norm models have different norm modules (a mapping between them is not "
+                      "defined yet)",
 }
 #: fields whose change alters the forward at the fork step (its metrics row is then evaluated anew)
 FORWARD_FIELDS = ("norm", "unembed", "attention", "tau", "ln_eps", "rms_eps", "sphere_eps", "causal", "norm_clamp")

@@ -108,11 +108,14 @@ def participation_ratio(X: Float[Tensor, "N d"], block: int = 128) -> Tensor:
 
 def eq_query_scores(model: GeoTransformer, eq_token: int) -> Float[Tensor, "V P H"]:
     """First-layer attention logits of the `=` query (eq_token at the last position) onto every
-    token v at every position j: [v, j, h] = q_h . k_h(v, j) / sqrt(d_head), from embed_norm's output
-    (the first layer's input depends only on (token, position), so these are all its scores)."""
+    token v at every position j: [v, j, h] = q_h . k_h(v, j) / sqrt(d_head), from what the first layer's
+    attention reads: embed_norm's output (post-norm) or blocks.0.ln1 of the embedding (pre-norm). It
+    depends only on (token, position), so these are all its scores."""
     cfg = model.cfg
     V, P = cfg.d_vocab, cfg.n_ctx
     R = model.residual_after_embed(torch.arange(V, device=model.embed.W_E.device)[:, None].expand(V, P))  # [V, P, D]
+    if model.pre_norm:
+        R = model.blocks[0].ln1(R)
     attn = model.blocks[0].attn
     q = torch.einsum("d,hde->he", R[eq_token, P - 1], attn.W_Q)
     k = torch.einsum("vpd,hde->vphe", R, attn.W_K)

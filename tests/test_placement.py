@@ -1,0 +1,164 @@
+"""Norm placement: the pre-norm GeoTransformer (HookedTransformer's ln1 / ln2 / ln_final) against an
+independent plain-PyTorch statement, TransformerLens's residual tools on it, and what refuses it."""
+
+import itertools
+
+import pytest
+import torch
+from conftest import one_line_error
+
+from geolens.errors import GeoError
+from geolens.model.config import GeoConfig, make_config
+from geolens.model.plain_model import PlainTransformer
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
+
+SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5)
+
+
+def _perturbed(cfg: GeoConfig) -> GeoTransformer:
+    """A model whose norm gains and offsets are moved away from 1 and 0, so they are exercised."""
+    model = GeoTransformer(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith((".w", ".b")):
+                p.add_(0.3 * torch.randn_like(p))
+    return model
+
+
+def _pre_norm_by_hand(model: GeoTransformer, tokens: torch.Tensor) -> torch.Tensor:
+    """The pre-norm equations written out with torch.nn.functional, from the parameters alone."""
+    cfg = model.cfg
+
+    def norm(module, x):
+        if cfg.norm == "layernorm":
+            return torch.nn.functional.layer_norm(x, (cfg.d_model,), module.w, module.b, cfg.ln_eps)
+        if cfg.norm == "rmsnorm":
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_eps) * module.w
+        if cfg.norm == "sphere":
+            return x / x.norm(dim=-1, keepdim=True).clamp_min(cfg.sphere_eps)
+        return x
+
+    h = model.embed.W_E[tokens] + model.pos_embed.W_pos
+    for block in model.blocks:
+        x = norm(block.ln1, h)
+        q, k, v = (torch.einsum("bpd,hde->bhpe", x, W) for W in (block.attn.W_Q, block.attn.W_K, block.attn.W_V))
+        scores = q @ k.transpose(-1, -2) / cfg.d_head ** 0.5
+        z = (torch.zeros_like(scores) if cfg.attention == "uniform" else scores).softmax(-1) @ v
+        h = h + torch.einsum("bhpe,hed->bpd", z, block.attn.W_O)
+        x = norm(block.ln2, h)
+        h = h + torch.relu(x @ block.mlp.W_in + block.mlp.b_in) @ block.mlp.W_out + block.mlp.b_out
+    h = norm(model.ln_final, h)
+    W = model.unembed.W_U
+    return cfg.tau * h @ (W / W.norm(dim=0)) if cfg.unembed == "bounded" else h @ W
+
+
+CASES = list(itertools.product(["none", "layernorm", "rmsnorm", "sphere"], ["raw", "bounded"], [1, 2, 3]))
+
+
+@pytest.mark.parametrize("norm,unembed,n_layers", CASES)
+def test_pre_norm_equals_the_equations_and_the_plain_model(norm, unembed, n_layers):
+    cfg = GeoConfig(norm=norm, unembed=unembed, n_layers=n_layers, norm_placement="pre", seed=5, **SMALL)
+    model = _perturbed(cfg).double()
+    tokens = make_dataset(cfg).tokens[::7]
+    logits = model(tokens)
+    plain = PlainTransformer(cfg).load_from(model)(tokens)
+    assert (logits - plain).abs().max().item() <= 1e-10
+    assert (logits - _pre_norm_by_hand(model, tokens)).abs().max().item() <= 1e-10
+    if norm != "none":  # placement matters: the post-norm model with the same weights computes something else
+        post = GeoTransformer(cfg.replace(norm_placement="post")).double()
+        post.load_state_dict({k: v for k, v in model.state_dict().items() if "ln" not in k}, strict=False)
+        assert (post(tokens) - logits).abs().max().item() > 1e-3
+
+
+def test_pre_norm_uses_transformer_lens_names():
+    model = GeoTransformer(make_config("ln", norm_placement="pre", n_layers=2, **SMALL))
+    names = [n for n, _ in model.named_parameters()]
+    for layer in (0, 1):
+        assert {f"blocks.{layer}.ln1.w", f"blocks.{layer}.ln1.b", f"blocks.{layer}.ln2.w", f"blocks.{layer}.ln2.b"} <= set(names)
+    assert {"ln_final.w", "ln_final.b"} <= set(names) and not any("_norm" in n for n in names)
+    hooks = set(model.hook_dict)
+    assert {"blocks.1.ln1.hook_scale", "blocks.1.ln2.hook_normalized", "ln_final.hook_scale"} <= hooks
+    assert not any("attn_norm" in h or "embed_norm" in h for h in hooks)
+    assert model.cfg.normalization_type == "LN"
+    assert make_config("rms", norm_placement="pre").normalization_type == "RMS"
+    assert make_config("fb", norm_placement="pre").normalization_type == "RMS"  # hook_scale = ||x||: divide by it
+    assert make_config("ln").normalization_type is None  # post-norm: TransformerLens's rescaling does not apply
+    with pytest.raises(GeoError, match="norm_placement = 'middle' is not valid"):
+        make_config("ln", norm_placement="middle")
+
+
+@pytest.mark.parametrize("preset", ["ln", "rms", "fb"])
+def test_transformer_lens_residual_tools_are_exact_on_pre_norm(preset):
+    """TransformerLens's decompose_resid / get_full_resid_decomposition add up to the final stream, and
+    apply_ln_to_stack + logit_attrs add up to the logit at `=` minus ln_final's offset, as on a
+    HookedTransformer with folded norms."""
+    cfg = make_config(preset, norm_placement="pre", n_layers=2, **SMALL)
+    model = _perturbed(cfg).double()
+    tokens = make_dataset(cfg).tokens[:16]
+    logits, cache = model.run_with_cache(tokens)
+    final = cache["blocks.1.hook_resid_post"]
+    stack, labels = cache.decompose_resid(return_labels=True)
+    assert labels == ["embed", "pos_embed", "0_attn_out", "0_mlp_out", "1_attn_out", "1_mlp_out"]
+    assert torch.allclose(stack.sum(0), final, atol=1e-10)
+    full, full_labels = cache.get_full_resid_decomposition(return_labels=True, expand_neurons=True)
+    assert full_labels[-1] == "bias" and len(full_labels) == 2 * 4 + 2 * 64 + 3
+    assert torch.allclose(full.sum(0), final, atol=1e-9)
+    answers = logits[:, -1].argmax(-1)
+    attrs = cache.logit_attrs(stack[:, :, -1], tokens=answers, pos_slice=-1)  # [parts, batch]
+    offset = (model.ln_final.b @ model.unembed.readout_matrix())[answers] if hasattr(model.ln_final, "b") else 0
+    assert torch.allclose(attrs.sum(0) + offset, logits[:, -1].gather(1, answers[:, None])[:, 0], atol=1e-9)
+    scaled = cache.apply_ln_to_stack(stack, pos_slice=None)  # the final norm's linear part, per part
+    normalized = cache["ln_final.hook_normalized"]
+    gain = getattr(model.ln_final, "w", torch.ones(cfg.d_model, dtype=torch.float64))
+    assert torch.allclose(scaled.sum(0) * gain + (normalized - normalized + getattr(model.ln_final, "b", 0)),
+                          normalized, atol=1e-9)
+
+
+def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
+    """The fast engine, the post-norm metrics, probe and a fork across placements refuse it in one line;
+    training falls back to the hooked engine and records every precursor column."""
+    from geolens.analysis.registry import PLACEMENT_AGNOSTIC, compute_metrics
+    from geolens.model.fast import fast_unsupported_reason
+    from geolens.training.engine import choose_engine
+
+    cfg = make_config("ln", norm_placement="pre", n_layers=2, epochs=40, eval_every=10, checkpoints="every:20", lr=3e-3,
+                      **SMALL)
+    one = cfg.replace(n_layers=1)  # the one-layer model the fast engine would otherwise serve
+    assert fast_unsupported_reason(one) == "norm_placement = 'pre'; the fast path supports norm_placement post"
+    assert choose_engine(one)[0] == "hooked"
+    with pytest.raises(GeoError, match="norm_placement = 'pre'; the fast path supports norm_placement post"):
+        choose_engine(one.replace(engine="fast"))
+    rows, skipped = compute_metrics(GeoTransformer(cfg), cfg, make_dataset(cfg))
+    assert set(rows) == set(PLACEMENT_AGNOSTIC) and "keyfreq_wl_fft" in skipped
+    assert all("not yet served for norm_placement = 'pre'" in why for why in skipped.values())
+    args = ["--preset", "ln", "--p", "23", "--frac", "0.5", "--set", "d_model=32", "--set", "d_head=8", "--set", "d_mlp=64",
+            "--set", "norm_placement=pre", "--set", "n_layers=2", "--epochs", "40", "--lr", "3e-3", "--checkpoints",
+            "every:20", "--quiet"]
+    r = geolens("train", *args, "--out", tmp_path / "pre")
+    assert r.returncode == 0, r.stderr
+    from geolens.runs.run import Run
+
+    run = Run(tmp_path / "pre")
+    assert run.header["engine"] == "hooked" and run.header["skipped_columns"] == {}
+    last = run.metrics[-1]
+    assert all(last[c] == last[c] for c in ("attn_var", "erank_resid", "erank_mlp", "wl_gini", "wn_norm"))  # not NaN
+    r = geolens("probe", "--run", tmp_path / "pre", "--step", 20)
+    assert r.returncode == 2 and "probe reads the circuit of post-norm models" in one_line_error(r.stderr)
+    r = geolens("fork", "--run", tmp_path / "pre", "--step", 20, "--set", "norm_placement=post", "--out", tmp_path / "f")
+    assert r.returncode == 2 and "norm_placement" in one_line_error(r.stderr)
+
+
+def test_pre_norm_attention_variance_reads_ln1_of_the_embedding():
+    """The precursor column's exact score table (eq_query_scores) equals the `=` query's scores the
+    hooked pre-norm model computes (blocks.0.attn.hook_attn_scores)."""
+    from geolens.training.precursor_columns import eq_query_scores
+
+    cfg = make_config("rms", norm_placement="pre", n_layers=2, **SMALL)
+    model = _perturbed(cfg)
+    tokens = make_dataset(cfg).tokens[:40]
+    _, cache = model.run_with_cache(tokens)
+    scores = cache["blocks.0.attn.hook_attn_scores"][:, :, -1]  # [N, H, key]
+    table = eq_query_scores(model, int(tokens[0, -1]))  # [V, P, H]
+    expected = torch.stack([table[tokens[:, j], j] for j in range(3)], dim=2)  # [N, H, key]
+    assert torch.allclose(scores, expected, atol=1e-5)
