@@ -238,8 +238,13 @@ def test_noise_floor_of_constructed_replicates(tmp_path, geolens):
     assert spreads[(2, "Test CPU (AVX2)")][0] == 50
     assert (1, "Other CPU (AVX2)") not in spreads  # one run on that machine: no spread, listed in the notes
     md = (tmp_path / "out" / "noise_floor.md").read_text()
-    assert "floor 300 epochs" in md and "| 1 | Test CPU (AVX2) | 1,000 | 1,300 | 1,100 | 300 |" in md
+    label = "ln lr 0.0006 wd 1, add p=23"
+    assert md.splitlines()[0] == ("| configuration | seed | machine | fast, 1 thread | fast, 2 threads | hooked, 1 thread "
+                                  "| spread |")
+    assert f"| {label} | 1 | Test CPU (AVX2) | 1,000 | 1,300 | 1,100 | 300 |" in md
     assert "2 seeds have one run on their machine" in md
+    floors_md = (tmp_path / "out" / "floors.md").read_text()
+    assert f"| {label} | 300 | 2 | 3 | seed 1 on Test CPU (AVX2) |" in floors_md
     from geolens.analysis.noise_floor import read_floors
     from geolens.runs.runset import group_key
 

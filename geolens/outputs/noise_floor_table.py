@@ -36,26 +36,32 @@ def _fmt(x: int | None) -> str:
 
 
 def write_floor_tables(floors: list[Floor], notes: list[str], folder: Path) -> list[Path]:
-    """folder/noise_floor.md (one table per configuration: a row per seed and machine, a column per float
-    order, the spread; its floor), noise_floor.csv (one row per run) and noise_floor.json (floors_json)."""
+    """folder/noise_floor.md (one row per configuration, seed and machine, a column per float order, the
+    spread; then its notes), floors.md (one row per configuration: its floor, the seeds and float orders
+    it rests on), noise_floor.csv (one row per run) and noise_floor.json (floors_json)."""
     folder.mkdir(parents=True, exist_ok=True)
-    md, out = [], io.StringIO()
+    orders = list(dict.fromkeys(o for f in floors for o in f.orders))
+    md = ["| configuration | seed | machine | " + " | ".join(orders) + " | spread |",
+          "| --- | --- | --- |" + " --- |" * (len(orders) + 1)]
+    summary = ["| configuration | floor (epochs) | replicated seeds | float orders | largest spread at |",
+               "| --- | --- | --- | --- | --- |"]
+    out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["configuration", "seed", "machine", "float order", "onset_095", "seed spread", "floor"])
     for f in floors:
-        orders = f.orders
-        md += [f"**{f.configuration}**: floor {_fmt(f.floor)} epochs", "",
-               "| seed | machine | " + " | ".join(orders) + " | spread |", "| --- | --- |" + " --- |" * (len(orders) + 1)]
         for s in f.seeds:
-            md.append(f"| {s.seed} | {s.machine} | " + " | ".join(_fmt(s.onsets.get(o)) if o in s.onsets else ""
-                                                           for o in orders) + f" | {_fmt(s.spread)} |")
+            md.append(f"| {f.configuration} | {s.seed} | {s.machine} | "
+                      + " | ".join(_fmt(s.onsets[o]) if o in s.onsets else "" for o in orders) + f" | {_fmt(s.spread)} |")
             for order, onset in s.onsets.items():
                 writer.writerow([f.configuration, s.seed, s.machine, order, "" if onset is None else onset,
                                  "" if s.spread is None else s.spread, "" if f.floor is None else f.floor])
-        md.append("")
-    md += [f"- {n}" for n in notes]
-    paths = [folder / "noise_floor.md", folder / "noise_floor.csv", folder / "noise_floor.json"]
+        widest = max(f.seeds, key=lambda s: -1 if s.spread is None else s.spread)
+        summary.append(f"| {f.configuration} | {_fmt(f.floor)} | {len(f.seeds)} | {len(f.orders)} | "
+                       f"seed {widest.seed} on {widest.machine} |")
+    md += [""] + [f"- {n}" for n in notes]
+    paths = [folder / "noise_floor.md", folder / "floors.md", folder / "noise_floor.csv", folder / "noise_floor.json"]
     atomic_write_bytes(paths[0], ("\n".join(md) + "\n").encode())
-    atomic_write_bytes(paths[1], out.getvalue().encode())
-    atomic_write_bytes(paths[2], floors_json(floors).encode())
+    atomic_write_bytes(paths[1], ("\n".join(summary) + "\n").encode())
+    atomic_write_bytes(paths[2], out.getvalue().encode())
+    atomic_write_bytes(paths[3], floors_json(floors).encode())
     return paths
