@@ -123,6 +123,12 @@ def test_forecast_file_round_trip_and_refusals(tmp_path):
     assert got.rule == rule and got.seeds == [1, 2, 3] and forecast_for(path, group_key(cfg)).rule == rule
     with pytest.raises(GeoError, match="has no rule fitted on this run's configuration"):
         forecast_for(path, group_key(make_config("fb", p=23)))
+    # a file written before a config field existed (its key lacks the field) still serves the runs whose
+    # field has the default, and not the others
+    older = json.loads(group_key(cfg))
+    older.pop("norm_placement")
+    old = Forecast("ln ...", json.dumps(older, sort_keys=True), [1], rule, None, None, 100)
+    assert old.matches(group_key(cfg)) and not old.matches(group_key(cfg.replace(norm_placement="pre")))
     with pytest.raises(GeoError, match="does not exist"):
         read_forecasts(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{not json")

@@ -182,12 +182,12 @@ def check_rows(root: str | Path, path: str | Path) -> tuple[list[dict[str, str]]
     on every run of it (runs the file has no rule for are counted in a note), one row per run, and per
     configuration a summary note: the forecasts' MAE against the fitting runs' mean onset's, on how many
     runs the forecast is closer, the one-sided Wilcoxon p-value that its errors are smaller, runs never fired."""
-    forecasts = {f.key: f for f in read_forecasts(path)}
+    forecasts = read_forecasts(path)
     runs, skipped = find_runs(root)
     notes = provenance_notes(runs) + [f"skipped {p}: {why}" for p, why in skipped.items()]
     rows = []
     for group in group_runs(runs):
-        f = forecasts.get(group_key(group.config))
+        f = next((f for f in forecasts if f.matches(group_key(group.config))), None)
         if f is None or group.fork:
             notes.append(f"{group.full_label}: {path} has no rule for this configuration ({len(group.runs)} runs)")
             continue

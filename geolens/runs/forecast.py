@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from geolens.errors import GeoError
+from geolens.model.config import GeoConfig
 from geolens.runs.storage import atomic_write_json
 
 FORMAT, FORMAT_VERSION = "geolens-forecast", 1
@@ -84,6 +85,18 @@ class Forecast:
     min_warning: int
     mean_onset: float | None = None  # the fitting runs' mean onset: the baseline a forecast of new runs must beat
 
+    def matches(self, key: str) -> bool:
+        """Whether a run whose config has runset.group_key `key` is of this forecast's configuration: the
+        two keys as configs, fields a key lacks (added to GeoConfig after it was written) at their defaults."""
+        return _config_of(self.key) == _config_of(key)
+
+
+def _config_of(key: str) -> GeoConfig | None:
+    try:
+        return GeoConfig.from_dict(json.loads(key))
+    except (GeoError, ValueError, TypeError):
+        return None
+
 
 def write_forecasts(path: str | Path, forecasts: list[Forecast], min_warning: int) -> Path:
     """Write the forecast file (module docstring) atomically."""
@@ -118,7 +131,7 @@ def forecast_for(path: str | Path, key: str) -> Forecast:
     """The forecast of the file fitted on runs of the configuration `key` (runset.group_key of a run's
     config); refused in one line when none is."""
     forecasts = read_forecasts(path)
-    match = next((f for f in forecasts if f.key == key), None)
+    match = next((f for f in forecasts if f.matches(key)), None)
     if match is None:
         known = "; ".join(f.configuration for f in forecasts) or "none"
         raise GeoError(f"forecast file {path} has no rule fitted on this run's configuration (it has: {known}); "
