@@ -506,9 +506,10 @@ def test_the_interventions_tables(tmp_path, write_run, step_curve):
                          "7,600 / 4,600 / +600 (7,000) | +500 | 2/2 | 0-/2+ (p 0.5) | 1/2 beyond ±450 |")
     assert pulses[3] == ("| ln | schedule weight_decay=3.0@+0:+200 | 1,000 | 7,500 / 6,500 / -500 (8,000) | "
                          "7,300 / 6,300 / +300 (7,000) | -100 | 2/2 | 1-/1+ (p 1) | 1/2 beyond ±450 |")
-    # the pulse of 3 at two steps pooled: shifts -500, +300, -2,000, -1,000 (binomial 3 of 4: p 10/16)
-    assert pulses[5] == ("| ln | schedule weight_decay=3.0@+0:+200 | all (4 seed-steps) |  |  | -750 | | "
-                         "3-/1+ (p 0.625) | 3/4 beyond ±450 |")
+    # the pulse of 3 at two steps pooled: seed 1 shifts -500 and -2,000 (mean -1,250), seed 2 +300 and -1,000
+    # (mean -350): two negative seeds (binomial 2 of 2: p 0.5); 3 of the 4 seed-step shifts beyond 450
+    assert pulses[5] == ("| ln | schedule weight_decay=3.0@+0:+200 | all steps, mean per seed | -1,250 | -350 | -750 | | "
+                         "2-/0+ (p 0.5) | 3/4 beyond ±450 |")
     assert len(pulses) == 6  # the pulse of 0.3 at one step has no pooled row
     assert tables["rescue"].splitlines()[2] == ("| ln | norm sphere, unembed bounded, weight_decay 0 | 5,000 | none by "
                                                 "12,000, peak test acc 0.50 (8,000) | - | 0/1 | - | - |")

@@ -162,3 +162,15 @@ def test_pre_norm_attention_variance_reads_ln1_of_the_embedding():
     table = eq_query_scores(model, int(tokens[0, -1]))  # [V, P, H]
     expected = torch.stack([table[tokens[:, j], j] for j in range(3)], dim=2)  # [N, H, key]
     assert torch.allclose(scores, expected, atol=1e-5)
+
+
+def test_config_identity_is_stable_for_post_norm_runs_recorded_before_placement():
+    """A fork's parent identity (GeoConfig.sha256) recorded before norm_placement existed still names its
+    parent: the field is hashed only when it is not the default."""
+    import hashlib
+    import json
+
+    cfg = make_config("ln", **SMALL)
+    before = {k: v for k, v in cfg.to_dict().items() if k != "norm_placement"}
+    assert cfg.sha256() == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    assert cfg.replace(norm_placement="pre").sha256() != cfg.sha256()

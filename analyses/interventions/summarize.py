@@ -8,8 +8,10 @@ Writes OUT/tables/parents.md (the parents' onsets) and OUT/tables/<experiment>.m
 the epochs from the fork to that onset and the shift against the parent's own onset (arm onset_095
 minus the parent's), with the median shift over the seeds that have one, the sign test of the shifts
 across seeds and how many shifts lie beyond the float-order noise floor of the parent's configuration
-(FLOORS, written by `geolens noise-floor`; geolens.analysis.noise_floor); then one row per change
-pooling its fork steps (every seed-step a shift). An arm without an onset shows its last epoch and its
+(FLOORS, written by `geolens noise-floor`; geolens.analysis.noise_floor); then, for a change forked at
+several steps, one row pooling them: the sign test of each seed's mean shift over its steps (the steps
+of one seed share its parent's onset, so they are not independent shifts) and how many of all the
+seed-step shifts lie beyond the floor. An arm without an onset shows its last epoch and its
 peak test accuracy after the fork. OUT/tables.md holds them all. docs/interventions.md embeds them
 (analyses/reproduction/embed_tables.py).
 """
@@ -34,11 +36,13 @@ def fmt(x: int | None) -> str:
     return "-" if x is None else f"{x:,}"
 
 
-def shift_cells(shifts: list[int], floor: int | None) -> str:
-    """'3-/0+ (p 0.25) | 2/3 beyond ±410': the sign test of the shifts and how many exceed the floor."""
+def shift_cells(shifts: list[float], floor: int | None, beyond: list[float] | None = None) -> str:
+    """'3-/0+ (p 0.25) | 2/3 beyond ±410': the sign test of the shifts and how many of `beyond` (default:
+    the shifts) exceed the floor."""
     neg, pos, p = sign_test(shifts)
-    beyond = "-" if floor is None else f"{sum(abs(x) > floor for x in shifts)}/{len(shifts)} beyond ±{floor:,}"
-    return f"{neg}-/{pos}+ (p {fmt_p(p)}) | {beyond}"
+    beyond = shifts if beyond is None else beyond
+    exceed = "-" if floor is None else f"{sum(abs(x) > floor for x in beyond)}/{len(beyond)} beyond ±{floor:,}"
+    return f"{neg}-/{pos}+ (p {fmt_p(p)}) | {exceed}"
 
 
 def summarize(records: Path, floors: dict[str, int | None]) -> dict[str, str]:
@@ -69,7 +73,7 @@ def summarize(records: Path, floors: dict[str, int | None]) -> dict[str, str]:
         lines = ["| parent | change | fork step | " + " | ".join(f"seed {s}" for s in seeds) +
                  " | median shift | arms with an onset | sign test | beyond the noise floor |",
                  "| --- | --- | --- | " + " | ".join("---" for _ in seeds) + " | --- | --- | --- | --- |"]
-        pooled: dict[tuple, list[int]] = {}
+        pooled: dict[tuple, dict[int, list[int]]] = {}
         for (parent, change, step, floor), by_seed in sorted(arms[experiment].items(), key=lambda kv: (kv[0][1], kv[0][2])):
             cells = []
             for s in seeds:
@@ -80,15 +84,20 @@ def summarize(records: Path, floors: dict[str, int | None]) -> dict[str, str]:
                 cells.append(f"{fmt(o)} / {fmt(since)} / {'-' if shift is None else f'{shift:+,}'} ({fmt(p_onset)})"
                              if o is not None else f"none by {last:,}, peak test acc {peak:.2f} ({fmt(p_onset)})")
             shifts = [v[2] for v in by_seed.values() if v[2] is not None]
-            pooled.setdefault((parent, change, floor), []).extend(shifts)
+            for seed, v in by_seed.items():
+                if v[2] is not None:
+                    pooled.setdefault((parent, change, floor), {}).setdefault(seed, []).append(v[2])
             median = f"{statistics.median(shifts):+,.0f}" if shifts else "-"
             lines.append(f"| {parent} | {change} | {step:,} | " + " | ".join(cells) +
                          f" | {median} | {sum(v[0] is not None for v in by_seed.values())}/{len(by_seed)} | "
                          f"{shift_cells(shifts, floor) if shifts else '- | -'} |")
-        for (parent, change, floor), shifts in pooled.items():
-            if shifts and len(shifts) > len(seeds):  # more than one fork step: every seed-step together
-                lines.append(f"| {parent} | {change} | all ({len(shifts)} seed-steps) | " + " | ".join("" for _ in seeds) +
-                             f" | {statistics.median(shifts):+,.0f} | | {shift_cells(shifts, floor)} |")
+        for (parent, change, floor), by_seed_shifts in pooled.items():
+            every = [x for xs in by_seed_shifts.values() for x in xs]
+            if len(every) > len(by_seed_shifts):  # more than one fork step: each seed's mean over its steps
+                means = {seed: statistics.fmean(xs) for seed, xs in by_seed_shifts.items()}
+                lines.append(f"| {parent} | {change} | all steps, mean per seed | "
+                             + " | ".join(f"{means[s]:+,.0f}" if s in means else "" for s in seeds)
+                             + f" | {statistics.median(every):+,.0f} | | {shift_cells(list(means.values()), floor, every)} |")
         tables[experiment] = "\n".join(lines)
     return tables
 
@@ -105,8 +114,9 @@ def main(argv: list[str]) -> None:
     legend = ("Per seed: arm onset / epochs from the fork to it / shift against the parent's onset (parent onset in "
               "brackets); an arm without an onset: its last epoch and its peak test accuracy after the fork. Sign test: "
               "negative/positive shifts and the two-sided binomial p-value (scipy.stats.binomtest; three seeds cannot go "
-              f"below 0.25). Beyond the noise floor: shifts larger than the float-order floor of the parent's "
-              f"configuration ({floors_file}, `geolens noise-floor`).")
+              f"below 0.25; a row of all steps tests each seed's mean shift, since the steps of one seed share its "
+              f"parent's onset). Beyond the noise floor: shifts larger than the float-order floor of the parent's "
+              f"configuration ({floors_file}, `geolens noise-floor`), over every seed-step.")
     text = "\n\n".join([f"# Interventions: onsets\n\nRecords: `{records}`. {legend}"] +
                          [f"## {name}\n\n{table}" for name, table in tables.items()]) + "\n"
     (out / "tables.md").write_text(text)

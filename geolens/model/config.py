@@ -205,8 +205,11 @@ class GeoConfig:
         return json.dumps(self.to_dict(), indent=2)
 
     def sha256(self) -> str:
-        """Hex SHA-256 of the config as canonical JSON (every field, sorted keys): a run's identity in a fork's lineage."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+        """Hex SHA-256 of the config as canonical JSON (sorted keys): a run's identity in a fork's lineage.
+        Every field, except a field of HASHED_UNLESS_DEFAULT at its default: fields added later leave the
+        identities recorded before them (a fork's parent_identity) valid."""
+        d = {k: v for k, v in self.to_dict().items() if not (k in HASHED_UNLESS_DEFAULT and v == _DEFAULTS[k])}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "GeoConfig":
@@ -218,6 +221,11 @@ class GeoConfig:
 
     def replace(self, **overrides: Any) -> "GeoConfig":
         return GeoConfig.from_dict({**self.to_dict(), **overrides})
+
+
+#: fields added after fork identities were first recorded: hashed by sha256 only when not at their default
+HASHED_UNLESS_DEFAULT = ("norm_placement",)
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GeoConfig) if f.name in HASHED_UNLESS_DEFAULT}
 
 
 # ---- presets -------------------------------------------------------------------------------
