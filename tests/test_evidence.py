@@ -311,3 +311,27 @@ def test_experiment_scripts_refuse_a_dirty_tree(tmp_path):
     for name in scripts:  # every script that trains records sources the check before it trains
         text = (REPO / name).read_text()
         assert "require_clean_tree" in text and text.index("require_clean_tree") < text.index("-m geolens")
+
+
+def test_the_committed_noise_floor_is_what_the_code_computes(tmp_path, monkeypatch):
+    """results/noise_floor is `geolens noise-floor` on the committed replicate records (its command in
+    docs/noise-floor.md), docs/noise-floor.md shows those tables, and the interventions summary reads it."""
+    import importlib.util
+
+    from conftest import REPO
+
+    from geolens.outputs.noise_floor_table import floor_tables, write_floor_tables
+
+    monkeypatch.chdir(REPO)  # the notes name runs by the relative paths of the documented command
+    floors, notes = floor_tables(["results/noise_floor/records", "results/interventions/parents",
+                                  "results/precursors/records/add"])
+    write_floor_tables(floors, notes, tmp_path)
+    for name in ("noise_floor.md", "floors.md", "noise_floor.json"):
+        assert (tmp_path / name).read_text() == (REPO / "results" / "noise_floor" / name).read_text(), name
+    assert {f.configuration.split()[0] for f in floors} == {"fb", "ln", "sphere"}
+    assert all(len(f.seeds) >= 3 and f.floor > 0 for f in floors)
+    spec = importlib.util.spec_from_file_location("embed", REPO / "analyses" / "reproduction" / "embed_tables.py")
+    embed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(embed)
+    doc = (REPO / "docs" / "noise-floor.md").read_text()
+    assert embed.embed(doc) == (doc, 2)
