@@ -359,12 +359,10 @@ def constructed_interventions(root, write_run, step_curve):
     (seed 1) and 7,000 (seed 2); weight-decay pulses forked at 1,000 and 3,000 with the shifts of
     PULSE_SHIFTS, whose recorded parent path is gone; a sphere arm forked at 5,000 that never groks
     (its test accuracy peaks at 0.5) and whose parent path exists."""
-    import hashlib
-
     for seed, onset in {1: 8000, 2: 7000}.items():
         cfg = make_config("ln", seed=seed, data_seed=seed, epochs=12000)
         write_run(root / "parents" / "ln" / f"seed_{seed}", cfg, step_curve(onset, 12000, every=100))
-        sha = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()
+        sha = cfg.sha256()
         for (dose, step), by_seed in PULSE_SHIFTS.items():
             wd = 3.0 if dose == "wd3" else 0.3
             entry = f"weight_decay={wd}@{step}:{step + 200}"
@@ -540,5 +538,6 @@ def test_a_run_written_before_schedules_existed_can_be_forked_with_one(parent, t
     assert r.returncode == 0, r.stderr
     record = json.loads((tmp_path / "arm" / "run.json").read_text())["fork"]
     full = GeoConfig.from_dict(header["config"]).to_dict()
+    full.pop("norm_placement")  # hashed only off its default (config.HASHED_UNLESS_DEFAULT)
     assert record["parent_identity"]["config_sha256"] == hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()
     assert record["changes"]["schedule"] == {"from": [], "to": ["weight_decay=2@100:110"]}
