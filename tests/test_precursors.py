@@ -120,7 +120,7 @@ def test_precursors_without_runs_is_one_line(tmp_path, geolens):
     assert r.returncode == 2 and "no finished run directory" in one_line_error(r.stderr)
 
 
-EMBEDDED_TABLES = 6  # docs/precursors.md: add offline, side by side, add online at warnings 100 and 500, mul offline and online
+EMBEDDED_TABLES = 7  # docs/precursors.md: add offline, side by side, add online at warnings 100 and 500, the prospective check, mul offline and online
 
 
 def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, monkeypatch):
@@ -149,6 +149,12 @@ def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, mon
         ours, theirs = read_forecasts(tmp_path / folder / "forecast.json"), read_forecasts(committed / "forecast.json")
         assert [replace(f, key="") for f in ours] == [replace(f, key="") for f in theirs]
         assert all(f.matches(g.key) for f, g in zip(ours, theirs))  # keys: the same configuration, field by field
+    from geolens.outputs.precursor_table import CHECK_COLUMNS, check_rows
+
+    rows, notes = check_rows(Path("results/precursors/prospective"), Path("results/precursors/add/forecast.json"))
+    write_precursor_table(rows, notes, tmp_path / "check", "forecast_check", CHECK_COLUMNS)
+    committed = REPO / "results" / "precursors" / "prospective" / "check" / "forecast_check.md"
+    assert (tmp_path / "check" / "forecast_check.md").read_text() == committed.read_text()
     side = importlib.util.spec_from_file_location("side", REPO / "analyses" / "precursors" / "side_by_side.py")
     side_by_side = importlib.util.module_from_spec(side)
     side.loader.exec_module(side_by_side)
