@@ -403,14 +403,15 @@ def precursors(
     recorded column tested held-out, and --save the forecast file."""
     from geolens.outputs.plots import save_static
     from geolens.outputs.precursor_table import (CHECK_COLUMNS, COLUMNS, ONLINE_COLUMNS, check_rows, fig_precursors,
-                                                 online_rows, precursor_rows, write_precursor_table)
+                                                 load_groups, online_rows, precursor_rows, write_precursor_table)
     from geolens.runs.forecast import write_forecasts
 
     if not online and (save is not None or columns is not None):
         raise GeoError("--save and --columns apply to the online rules; add --online")
     if min_warning < 0:
         raise GeoError(f"--min-warning {min_warning} must be >= 0 epochs")
-    rows, notes, groups = precursor_rows(runs)
+    groups, found = load_groups(runs)  # read once for every table below
+    rows, notes, groups = precursor_rows(groups, found)
     folder = out or runs / "precursors"
     _print_rows(f"{runs}: precursors of the onset (onset_095)", COLUMNS, rows, notes)
     paths = write_precursor_table(rows, notes, folder)
@@ -418,7 +419,7 @@ def precursors(
     if spec is not None:
         paths += save_static(spec, folder, ("png",))
     if online:
-        rows, notes, forecasts = online_rows(runs, min_warning, _names(columns))
+        rows, notes, forecasts = online_rows(groups, found, min_warning, _names(columns))
         _print_rows(f"{runs}: online threshold rules, leave-one-seed-out (min warning {min_warning:,})",
                     ONLINE_COLUMNS, rows, notes)
         paths += write_precursor_table(rows, notes, folder, "precursors_online", ONLINE_COLUMNS)
@@ -428,7 +429,7 @@ def precursors(
                 console.print(f"forecast for {f.configuration}: {f.rule.describe()}, onset at firing + {f.rule.lead:,.0f} "
                               f"(held-out MAE {f.loo_mae:,.0f}, mean onset's {f.baseline_mae:,.0f})", soft_wrap=True)
     if check is not None:
-        rows, notes = check_rows(runs, check)
+        rows, notes = check_rows(groups, found, check)
         _print_rows(f"{runs}: the forecasts of {check}", CHECK_COLUMNS, rows, notes)
         paths += write_precursor_table(rows, notes, folder, "forecast_check", CHECK_COLUMNS)
     console.print(f"wrote {', '.join(map(str, paths))}", markup=False, highlight=False, soft_wrap=True)

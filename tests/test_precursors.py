@@ -95,9 +95,9 @@ def test_precursors_command_on_constructed_runs(tmp_path, geolens):
     assert rows["attn_var"][8:10] == ["300 to 300", "+1.00"]
     assert rows["erank_mlp"][2:7] == ["trough", "3", "3", "1.00", "100"]  # the collapse's bottom
     from geolens.outputs.plots import Line
-    from geolens.outputs.precursor_table import fig_precursors, precursor_rows
+    from geolens.outputs.precursor_table import fig_precursors, load_groups, precursor_rows
 
-    spec = fig_precursors(precursor_rows(tmp_path / "runs")[2])
+    spec = fig_precursors(precursor_rows(*load_groups(tmp_path / "runs"))[2])
     assert spec.cols == 1 and [p.title.split(" (")[0] for p in spec.panels] == [
         p.name for p in PRECURSORS if p.name in recorded]  # a panel per recorded precursor, one configuration
     panel = next(p for p in spec.panels if p.title.startswith("test_loss (peak)"))
@@ -130,7 +130,7 @@ def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, mon
 
     from conftest import REPO
 
-    from geolens.outputs.precursor_table import (ONLINE_COLUMNS, online_rows, precursor_rows,
+    from geolens.outputs.precursor_table import (ONLINE_COLUMNS, load_groups, online_rows, precursor_rows,
                                                  write_precursor_table)
     from geolens.runs.forecast import read_forecasts, write_forecasts
 
@@ -138,10 +138,10 @@ def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, mon
         monkeypatch.chdir(REPO)  # the tables name runs by the relative paths tables.sh passes
         records, committed = Path("results/precursors/records") / grid, REPO / "results" / "precursors" / folder
         if folder == grid:
-            rows, notes, _ = precursor_rows(records)
+            rows, notes, _ = precursor_rows(*load_groups(records))
             write_precursor_table(rows, notes, tmp_path / folder)
             assert (tmp_path / folder / "precursors.md").read_text() == (committed / "precursors.md").read_text()
-        rows, notes, forecasts = online_rows(records, warning)
+        rows, notes, forecasts = online_rows(*load_groups(records), warning)
         write_precursor_table(rows, notes, tmp_path / folder, "precursors_online", ONLINE_COLUMNS)
         assert ((tmp_path / folder / "precursors_online.md").read_text() ==
                 (committed / "precursors_online.md").read_text())
@@ -151,7 +151,7 @@ def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, mon
         assert all(f.matches(g.key) for f, g in zip(ours, theirs))  # keys: the same configuration, field by field
     from geolens.outputs.precursor_table import CHECK_COLUMNS, check_rows
 
-    rows, notes = check_rows(Path("results/precursors/prospective"), Path("results/precursors/add/forecast.json"))
+    rows, notes = check_rows(*load_groups(Path("results/precursors/prospective")), Path("results/precursors/add/forecast.json"))
     write_precursor_table(rows, notes, tmp_path / "check", "forecast_check", CHECK_COLUMNS)
     committed = REPO / "results" / "precursors" / "prospective" / "check" / "forecast_check.md"
     assert (tmp_path / "check" / "forecast_check.md").read_text() == committed.read_text()

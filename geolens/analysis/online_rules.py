@@ -70,11 +70,11 @@ def fit_rule(series: list[Series], column: str, min_warning: int = 0) -> Thresho
         return None
     thresholds = np.unique(np.quantile(pooled, QUANTILES))
     onsets = np.array([s.onset for s in series])[:, None]
+    first = np.array([s.epochs[0] for s in series])[:, None]  # a rule already true there carries no news
     best = None
     for direction in DIRECTIONS:
         fired = np.stack([firing_epochs(s, direction, thresholds) for s in series])  # [runs, thresholds]
         leads = onsets - fired
-        first = np.array([s.epochs[0] for s in series])[:, None]  # a rule already true there carries no news
         ok = ((fired > first) & (leads >= min_warning)).all(axis=0)
         if not ok.any():
             continue

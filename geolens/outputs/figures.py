@@ -42,7 +42,7 @@ from geolens.outputs.plots import (
 from geolens.model.hyperschedule import relative_to
 from geolens.outputs.tables import BuiltTable, tables_for
 from geolens.runs.run import Run
-from geolens.runs.runset import RunGroup, config_name, find_runs, group_runs, provenance_notes
+from geolens.runs.runset import RunGroup, config_name, found_runs, group_runs
 from geolens.runs.storage import atomic_write_bytes
 
 ZOOM_EPOCHS = 5000
@@ -415,9 +415,8 @@ def build_figures(root: str | Path, paper: str | None = None, at: str = "first09
     if at not in AT_CHOICES:
         raise GeoError(f"--at '{at}' is not known; choose one of {', '.join(AT_CHOICES)}")
     log = log or (lambda msg: None)
-    runs, skipped = find_runs(root)
+    runs, notes = found_runs(root)
     groups = group_runs(runs)
-    notes = provenance_notes(runs) + [f"skipped {path}: {why}" for path, why in skipped.items()]
     colors = group_colors(groups)
     tables, table_notes = tables_for(groups, paper, root)
     notes += table_notes

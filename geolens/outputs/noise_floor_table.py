@@ -20,7 +20,7 @@ def floor_tables(roots: list[str | Path]) -> tuple[list[Floor], list[str]]:
         found, skipped = find_runs(root)
         runs += found
         notes += [f"skipped {path}: {why}" for path, why in skipped.items()]
-    notes = provenance_notes(runs) + notes
+    notes = provenance_notes(runs) + notes  # over every folder's runs together
     floors = noise_floors(runs, lambda run: RunGroup(run.config, [run]).full_label)
     for f in floors:
         if f.lone:

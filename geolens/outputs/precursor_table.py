@@ -17,20 +17,25 @@ from geolens.analysis.online_rules import with_holm as online_with_holm
 from geolens.analysis.significance import fmt_p, wilcoxon_less
 from geolens.outputs.plots import PALETTE, FigureSpec, Line, Panel, VLine
 from geolens.runs.forecast import Forecast, read_forecasts
-from geolens.runs.runset import RunGroup, find_runs, group_key, group_runs, provenance_notes
+from geolens.runs.runset import RunGroup, found_runs, group_key, group_runs
 from geolens.runs.storage import atomic_write_bytes
 
 COLUMNS = ["configuration", "precursor", "rule", "runs", "with event", "precedes", "lead median", "lead IQR",
            "lead 95% CI", "spearman", "p", "p (Holm)", "survives", "LOO error", "LOO mean-onset error", "LOO beats mean"]
 
 
-def precursor_rows(root: str | Path) -> tuple[list[dict[str, str]], list[str], list[RunGroup]]:
-    """One row per configuration (runs under root, grouped as `geolens table` does) and precursor, with
-    its cells as text; notes (runs skipped, configurations without an onset); the groups."""
-    runs, skipped = find_runs(root)
-    notes = provenance_notes(runs) + [f"skipped {path}: {why}" for path, why in skipped.items()]
+def load_groups(root: str | Path) -> tuple[list[RunGroup], list[str]]:
+    """The finished runs under root grouped as `geolens table` groups them, and the notes on them
+    (runset.found_runs): what precursor_rows, online_rows and check_rows read, found once per command."""
+    runs, notes = found_runs(root)
+    return group_runs(runs), notes
+
+
+def precursor_rows(groups: list[RunGroup], found: list[str]) -> tuple[list[dict[str, str]], list[str], list[RunGroup]]:
+    """One row per configuration (load_groups) and precursor, with its cells as text; notes (found: the
+    notes on the runs; configurations without an onset); the groups."""
+    notes = list(found)
     rules = {p.name: p.rule for p in PRECURSORS}
-    groups = group_runs(runs)
     stats = []
     for group in groups:
         if not _has_onset(group):
@@ -126,16 +131,15 @@ ONLINE_COLUMNS = ["configuration", "column", "rule (all seeds)", "runs", "fired"
                   "mean-onset MAE", "beats mean", "warning median", "warning range", "p", "p (Holm)", "survives"]
 
 
-def online_rows(root: str | Path, min_warning: int = 0, columns: list[str] | None = None
+def online_rows(groups: list[RunGroup], found: list[str], min_warning: int = 0, columns: list[str] | None = None
                 ) -> tuple[list[dict[str, str]], list[str], list[Forecast]]:
     """`geolens precursors --online`: per configuration and recorded column, the threshold rule tested
     leave-one-seed-out (geolens.analysis.online_rules), Holm-corrected over the whole table, each
     configuration's rows by held-out MAE; notes; and per configuration the forecast of its best rule
     (the lowest held-out MAE among rules that fired on every held-out run), fitted on all its runs."""
-    runs, skipped = find_runs(root)
-    notes = provenance_notes(runs) + [f"skipped {path}: {why}" for path, why in skipped.items()]
+    notes = list(found)
     stats, forecasts = [], []
-    for group in group_runs(runs):
+    for group in groups:
         if not _has_onset(group):
             notes.append(f"{group.full_label}: no run has an onset; nothing to forecast")
             continue
@@ -162,13 +166,10 @@ def online_rows(root: str | Path, min_warning: int = 0, columns: list[str] | Non
 
 
 def _online_row(label: str, s: OnlineStats) -> dict[str, str]:
-    def num(x):
-        return "-" if x is None else f"{x:,.0f}"
-
     return {"configuration": label, "column": s.column, "rule (all seeds)": "-" if s.rule is None else
             f"{s.rule.describe()}, lead {s.rule.lead:,.0f}", "runs": str(s.runs), "fired": str(s.fired),
-            "never": str(s.never), "late": str(s.late), "MAE": num(s.mae), "mean-onset MAE": num(s.baseline_mae),
-            "beats mean": "-" if s.wins is None else f"{s.wins}/{s.fired}", "warning median": num(s.warning_median),
+            "never": str(s.never), "late": str(s.late), "MAE": _num(s.mae), "mean-onset MAE": _num(s.baseline_mae),
+            "beats mean": "-" if s.wins is None else f"{s.wins}/{s.fired}", "warning median": _num(s.warning_median),
             "warning range": "-" if s.warning_range is None else f"{s.warning_range[0]:,} to {s.warning_range[1]:,}",
             "p": fmt_p(s.p), "p (Holm)": fmt_p(s.holm_p),
             "survives": "-" if s.holm_p is None else ("yes" if s.survives else "no")}
@@ -177,16 +178,15 @@ def _online_row(label: str, s: OnlineStats) -> dict[str, str]:
 CHECK_COLUMNS = ["configuration", "seed", "rule", "fired", "forecast", "onset", "error", "mean-onset error"]
 
 
-def check_rows(root: str | Path, path: str | Path) -> tuple[list[dict[str, str]], list[str]]:
-    """`geolens precursors --check FILE`: the forecast file's rule for each configuration under root replayed
+def check_rows(groups: list[RunGroup], found: list[str], path: str | Path) -> tuple[list[dict[str, str]], list[str]]:
+    """`geolens precursors --check FILE`: the forecast file's rule for each configuration (load_groups) replayed
     on every run of it (runs the file has no rule for are counted in a note), one row per run, and per
     configuration a summary note: the forecasts' MAE against the fitting runs' mean onset's, on how many
     runs the forecast is closer, the one-sided Wilcoxon p-value that its errors are smaller, runs never fired."""
     forecasts = read_forecasts(path)
-    runs, skipped = find_runs(root)
-    notes = provenance_notes(runs) + [f"skipped {p}: {why}" for p, why in skipped.items()]
+    notes = list(found)
     rows = []
-    for group in group_runs(runs):
+    for group in groups:
         f = next((f for f in forecasts if f.matches(group_key(group.config))), None)
         if f is None or group.fork:
             notes.append(f"{group.full_label}: {path} has no rule for this configuration ({len(group.runs)} runs)")

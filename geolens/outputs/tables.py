@@ -20,7 +20,7 @@ from geolens.errors import GeoError
 from geolens.outputs.paper import TABLES, PaperRow, PaperTable, paper_table
 from geolens.outputs.stats import Summary, summarize, verdict
 from geolens.runs.run import Run
-from geolens.runs.runset import RunGroup, find_runs, group_runs, provenance_notes
+from geolens.runs.runset import RunGroup, found_runs, group_runs
 from geolens.runs.storage import atomic_write_bytes
 
 
@@ -276,9 +276,9 @@ def grid_notes(groups: list[RunGroup], rule: Rule) -> list[str]:
 def build_tables(root: str | Path, paper: str | None = None) -> tuple[list[BuiltTable], list[str]]:
     """The tables of the runs under `root` (see tables_for), and notes on the code that trained them
     (runset.provenance_notes) and runs left out."""
-    runs, skipped = find_runs(root)
+    runs, found = found_runs(root)
     built, notes = tables_for(group_runs(runs), paper, root)
-    return built, provenance_notes(runs) + [f"skipped {path}: {why}" for path, why in skipped.items()] + notes
+    return built, found + notes
 
 
 def tables_for(groups: list[RunGroup], paper: str | None, root: str | Path) -> tuple[list[BuiltTable], list[str]]:

@@ -108,6 +108,13 @@ def find_runs(root: str | Path) -> tuple[list[Run], dict[str, str]]:
     return runs, skipped
 
 
+def found_runs(root: str | Path) -> tuple[list[Run], list[str]]:
+    """(finished runs under root, notes): find_runs, with provenance_notes on the runs and one note per
+    run skipped, as the commands that tabulate runs print them."""
+    runs, skipped = find_runs(root)
+    return runs, provenance_notes(runs) + [f"skipped {path}: {why}" for path, why in skipped.items()]
+
+
 def group_key(cfg: GeoConfig) -> str:
     """The configuration of a run: its config without the BOOKKEEPING fields, as canonical JSON."""
     return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in BOOKKEEPING}, sort_keys=True)
