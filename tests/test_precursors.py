@@ -120,7 +120,7 @@ def test_precursors_without_runs_is_one_line(tmp_path, geolens):
     assert r.returncode == 2 and "no finished run directory" in one_line_error(r.stderr)
 
 
-EMBEDDED_TABLES = 7  # docs/precursors.md: add offline, side by side, add online at warnings 100 and 500, the prospective check, mul offline and online
+EMBEDDED_TABLES = 8  # W_L's crossing, docs/precursors.md: add offline, side by side, add online at warnings 100 and 500, the prospective check, mul offline and online
 
 
 def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, monkeypatch):
@@ -155,6 +155,12 @@ def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, mon
     write_precursor_table(rows, notes, tmp_path / "check", "forecast_check", CHECK_COLUMNS)
     committed = REPO / "results" / "precursors" / "prospective" / "check" / "forecast_check.md"
     assert (tmp_path / "check" / "forecast_check.md").read_text() == committed.read_text()
+    crossing = importlib.util.spec_from_file_location("crossing", REPO / "analyses" / "precursors" / "at_crossing.py")
+    at_crossing = importlib.util.module_from_spec(crossing)
+    crossing.loader.exec_module(at_crossing)
+    table = at_crossing.at_crossing(REPO / "results" / "precursors" / "records" / "add")
+    assert table == (REPO / "results" / "precursors" / "add" / "at_crossing.md").read_text()
+    assert "| ln lr 0.0006 wd 1, add p=113 | 10 | 0.05-0.25 | 3.0-4.9 | 7.0-8.4 |" in table  # the doc's numbers
     side = importlib.util.spec_from_file_location("side", REPO / "analyses" / "precursors" / "side_by_side.py")
     side_by_side = importlib.util.module_from_spec(side)
     side.loader.exec_module(side_by_side)

@@ -19,4 +19,5 @@ done
 rm -f results/precursors/add/warning500/precursors.{md,csv,png}  # the offline table is add/'s
 "$py" analyses/precursors/side_by_side.py results/precursors/add/precursors.csv results/precursors/add/side_by_side.md \
     results/precursors/add/precursors_online.csv:100 results/precursors/add/warning500/precursors_online.csv:500
+"$py" analyses/precursors/at_crossing.py results/precursors/records/add results/precursors/add/at_crossing.md
 "$py" analyses/reproduction/embed_tables.py docs/precursors.md
