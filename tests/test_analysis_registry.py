@@ -5,11 +5,12 @@ import math
 import pytest
 import torch
 
-from geolens.analysis import METRICS, AnalysisContext, compute_metrics, eqforward, metric_versions
+from geolens.analysis import METRICS, AnalysisContext, compute_metrics, metric_versions
 from geolens.analysis.context import last_position_forward
 from geolens.errors import GeoError
 from geolens.model.config import make_config
-from geolens.model.fast import fast_eq_forward
+from geolens.analysis import context as context_mod
+from geolens.analysis.eqforward import eq_forward_tables
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
 
@@ -100,7 +101,7 @@ def test_compute_metrics_on_a_given_context_reuses_its_forward(monkeypatch):
     cfg = make_config("fb", p=23, **SMALL)
     model, ds = GeoTransformer(cfg), make_dataset(cfg)
     forwards = []
-    monkeypatch.setattr(eqforward, "fast_eq_forward", lambda *a: forwards.append(1) or fast_eq_forward(*a))
+    monkeypatch.setattr(context_mod, "eq_forward_tables", lambda *a: forwards.append(1) or eq_forward_tables(*a))
     ctx = AnalysisContext(model, cfg, ds)
     first, _ = compute_metrics(context=ctx, names=["loss", "dla"])
     second, _ = compute_metrics(context=ctx, names=["attn_eq", "fve_paper"])

@@ -8,6 +8,8 @@ import torch
 from geolens.analysis import compute_metrics
 from geolens.analysis import context as context_mod
 from geolens.analysis.eqforward import eq_forward_tables, eq_from_cache, eq_hooks
+from geolens.model.engines import engine_named
+from geolens.model.fast import fast_eq_forward
 from geolens.model.config import make_config
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
@@ -31,7 +33,7 @@ def test_eq_forward_tables_matches_run_with_cache(preset, kw):
     model, cfg, ds = _model(preset, kw)
     with torch.no_grad():
         ref = eq_from_cache(*model.run_with_cache(ds.tokens), cfg)
-    eq = eq_forward_tables(model, cfg, ds.tokens)
+    eq = eq_forward_tables(fast_eq_forward(model, ds.tokens), cfg)
     assert eq.values.keys() == ref.values.keys() == set(eq_hooks(cfg))
     assert (eq.logits - ref.logits).abs().max() <= 1e-5
     for name, value in ref.values.items():
@@ -51,7 +53,7 @@ def _close(a: float, b: float) -> bool:
 def test_every_metric_matches_the_reference_route(preset, kw, monkeypatch):
     model, cfg, ds = _model(preset, kw)
     fast_rows, fast_skipped = compute_metrics(model, cfg, ds)
-    monkeypatch.setattr(context_mod, "fast_unsupported_reason", lambda cfg: "forced reference route")
+    monkeypatch.setattr(context_mod, "choose_engine", lambda cfg, requested: (engine_named("hooked"), "forced"))
     ref_rows, ref_skipped = compute_metrics(model, cfg, ds)
     assert fast_skipped == ref_skipped and fast_rows.keys() == ref_rows.keys()
     for name, row in ref_rows.items():

@@ -79,3 +79,29 @@ def test_bench_precursors_times_both_loops_and_records_the_columns(capsys):
     assert r["columns"] == 9 + len(column_names(make_config("ln", p=23)))  # the metrics row with every column
     bench.main(["--p", "23", "--reps", "2", "--presets", "fb"])
     assert any(line.startswith("fb ") for line in capsys.readouterr().out.splitlines())
+
+
+def test_depth_ceilings_are_the_counts_of_the_issue():
+    """Multiply-adds per example at the paper's sizes (d_model 128, 4 x 32 heads, d_mlp 512, p = 113): the
+    straightforward model ~197k per position and layer plus ~14k per position's logits; the exact-computation
+    ceilings 4.37x (one layer), 1.83x (two), 1.30x (four)."""
+    from geolens.model.config import make_config
+
+    bench = _load("bench_depth")
+    cfg = make_config("ln")
+    assert bench.layer_macs(cfg, 1) == 4 * 128 * 128 + 2 * 128 * 512 + 2 * 3 * 128 == 197_376
+    assert bench.straightforward_macs(cfg) == 3 * 197_376 + 3 * 128 * 113
+    assert bench.exact_macs(cfg) == 2 * 128 * 512 + 128 * 113
+    got = [round(bench.ceiling(make_config("ln", n_layers=L)), 2) for L in (1, 2, 4)]
+    assert got == [4.37, 1.83, 1.30]
+
+
+def test_bench_depth_runs_and_its_engines_agree(capsys):
+    bench = _load("bench_depth")
+    r = bench.bench_config(2, "pre", p=23, reps=2)
+    assert set(r["med"]) == {"straightforward", "hooked", "deep"} and max(r["errors"].values()) < 1e-5
+    bench.main(["--p", "23", "--reps", "2", "--layers", "1", "--placements", "post", "--end-to-end", "20"])
+    out = capsys.readouterr().out
+    row = next(line.split() for line in out.splitlines() if line.split()[:2] == ["1", "post"])
+    assert row[5] != "-" and float(row[8].rstrip("x")) == round(bench.ceiling(bench.make_config("ln", p=23)), 2)
+    assert "end to end, 2 layers pre-norm, 20 epochs" in out and "deep" in out

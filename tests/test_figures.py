@@ -6,13 +6,14 @@ import sys
 import pytest
 import torch
 
-from geolens.analysis import compute_metrics, eqforward
+from geolens.analysis import compute_metrics
 from geolens.analysis.fourier import cyclic_frame
 from geolens.analysis.trajectory import analyze_run
 from geolens.cli import main
 from geolens.errors import GeoError
 from geolens.model.config import make_config
-from geolens.model.fast import fast_eq_forward
+from geolens.analysis import context as context_mod
+from geolens.analysis.eqforward import eq_forward_tables
 from geolens.outputs import figures
 from geolens.outputs.figures import (
     ZOOM_EPOCHS,
@@ -131,7 +132,7 @@ def _independent_shares(model, cfg):
 def test_spectrum_and_fve_of_each_configuration(tiny_sweep, monkeypatch):
     groups = _groups(tiny_sweep)
     forwards = []
-    monkeypatch.setattr(eqforward, "fast_eq_forward", lambda *a: forwards.append(1) or fast_eq_forward(*a))
+    monkeypatch.setattr(context_mod, "eq_forward_tables", lambda *a: forwards.append(1) or eq_forward_tables(*a))
     snaps = [snapshot(g, "first099") for g in groups]
     assert len(forwards) == len(groups)  # one forward per configuration
     spec = figures.fig_spectrum(snaps, figures.group_colors(groups), "first099")

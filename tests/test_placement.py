@@ -117,20 +117,20 @@ def test_transformer_lens_residual_tools_are_exact_on_pre_norm(preset):
 
 def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
     """The fast engine, the post-norm metrics, probe and a fork across placements refuse it in one line;
-    training falls back to the hooked engine and records every precursor column."""
-    from geolens.analysis.registry import PLACEMENT_AGNOSTIC, compute_metrics
+    training takes the deep engine and records every precursor column."""
+    from geolens.analysis.registry import TOPOLOGY_AGNOSTIC, compute_metrics
     from geolens.model.fast import fast_unsupported_reason
-    from geolens.training.engine import choose_engine
+    from geolens.model.engines import choose_engine
 
     cfg = make_config("ln", norm_placement="pre", n_layers=2, epochs=40, eval_every=10, checkpoints="every:20", lr=3e-3,
                       **SMALL)
     one = cfg.replace(n_layers=1)  # the one-layer model the fast engine would otherwise serve
     assert fast_unsupported_reason(one) == "norm_placement = 'pre'; the fast path supports norm_placement post"
-    assert choose_engine(one)[0] == "hooked"
+    assert choose_engine(one)[0].name == "deep"
     with pytest.raises(GeoError, match="norm_placement = 'pre'; the fast path supports norm_placement post"):
         choose_engine(one.replace(engine="fast"))
     rows, skipped = compute_metrics(GeoTransformer(cfg), cfg, make_dataset(cfg))
-    assert set(rows) == set(PLACEMENT_AGNOSTIC) and "keyfreq_wl_fft" in skipped
+    assert set(rows) == set(TOPOLOGY_AGNOSTIC) and "keyfreq_wl_fft" in skipped
     assert all("not yet served for norm_placement = 'pre'" in why for why in skipped.values())
     args = ["--preset", "ln", "--p", "23", "--frac", "0.5", "--set", "d_model=32", "--set", "d_head=8", "--set", "d_mlp=64",
             "--set", "norm_placement=pre", "--set", "n_layers=2", "--epochs", "40", "--lr", "3e-3", "--checkpoints",
@@ -140,7 +140,7 @@ def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
     from geolens.runs.run import Run
 
     run = Run(tmp_path / "pre")
-    assert run.header["engine"] == "hooked" and run.header["skipped_columns"] == {}
+    assert run.header["engine"] == "deep" and run.header["skipped_columns"] == {}
     last = run.metrics[-1]
     assert all(last[c] == last[c] for c in ("attn_var", "erank_resid", "erank_mlp", "wl_gini", "wn_norm"))  # not NaN
     r = geolens("probe", "--run", tmp_path / "pre", "--step", 20)

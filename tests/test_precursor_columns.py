@@ -106,9 +106,9 @@ def _row(cfg, model, data, engine):
     m = GeoTransformer(cfg.replace(engine=engine))
     m.load_state_dict(model.state_dict())
     opt = make_optimizer(m)
-    name, forward, _ = select_forward(m)
-    assert name == engine
-    step = SingleStep(m, opt, name, forward, *data.train, *data.test)
+    chosen, forward, _ = select_forward(m)
+    assert chosen.name == engine
+    step = SingleStep(m, opt, chosen, forward, *data.train, *data.test)
     step.backward(record=True)
     return step.evaluate(0, 0.0)[0]
 

@@ -10,12 +10,13 @@ from dataclasses import replace
 
 import pytest
 
-from geolens.analysis import METRICS, eqforward, trajectory
+from geolens.analysis import METRICS, trajectory
 from geolens.analysis.run_analysis import load_run
 from geolens.analysis.trajectory import analyze_run
 from geolens.errors import GeoError
 from geolens.model.config import make_config
-from geolens.model.fast import fast_eq_forward
+from geolens.analysis import context as context_mod
+from geolens.analysis.eqforward import eq_forward_tables
 from geolens.model.transformer import GeoTransformer
 from geolens.training import train as training
 
@@ -179,7 +180,7 @@ def test_cli_analyze_writes_report_and_figures_and_probe_prints_circuit(run_dir)
 
 def test_python_probe(run_dir, monkeypatch):
     forwards, caches = [], []
-    monkeypatch.setattr(eqforward, "fast_eq_forward", lambda *a: forwards.append(1) or fast_eq_forward(*a))
+    monkeypatch.setattr(context_mod, "eq_forward_tables", lambda *a: forwards.append(1) or eq_forward_tables(*a))
     run_with_cache = GeoTransformer.run_with_cache
     monkeypatch.setattr(GeoTransformer, "run_with_cache", lambda *a, **k: caches.append(1) or run_with_cache(*a, **k))
     probe = load_run(run_dir).probe(120)

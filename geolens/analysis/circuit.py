@@ -35,7 +35,7 @@ from geolens.analysis.eqforward import EqActivations
 from geolens.analysis.fourier import cos_index, fourier_basis, sin_index
 from geolens.analysis.threads import single_thread
 from geolens.model.config import GeoConfig
-from geolens.model.decompose import norm_linear, norm_offset, pull_back
+from geolens.model.decompose import norm_kind, norm_linear, norm_offset, pull_back
 from geolens.model.readout import unit_columns
 
 
@@ -147,7 +147,7 @@ def direct_logit_attribution(
     last, L = model.blocks[cfg.n_layers - 1], cfg.n_layers - 1
     post = eq[f"blocks.{L}.mlp.hook_post"]  # [N, d_mlp]
     M = norm_linear(cfg, last.mlp_norm, last.mlp.W_out.detach()) @ D  # [d_mlp, C]
-    inv_scale = None if cfg.norm == "none" else eq[f"blocks.{L}.mlp_norm.hook_scale"][:, 0].reciprocal()
+    inv_scale = None if norm_kind(last.mlp_norm) == "none" else eq[f"blocks.{L}.mlp_norm.hook_scale"][:, 0].reciprocal()
     # per_class[c] = sum over inputs of class c of post / scale: one bag per class over the inputs sorted by class
     by_class = torch.argsort(labels, stable=True)
     counts = torch.bincount(labels, minlength=D.shape[1])

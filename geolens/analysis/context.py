@@ -1,8 +1,8 @@
 """AnalysisContext: what the metrics of one checkpoint share, computed lazily and at most once.
 
 The one expensive step is a single no-grad forward over all inputs that keeps the activations at
-the `=` position (eqforward.EqActivations): from per-token tables for one-layer [a, b, =] models
-(eqforward.eq_forward_tables), otherwise from a run_with_cache narrowed to `=` after the last
+the `=` position (eqforward.EqActivations): from the engine's analysis forward where it has one (the
+fast engine's per-token tables, eqforward.eq_forward_tables), otherwise from a run_with_cache narrowed to `=` after the last
 attention (run_with_cache_narrowed: in the last block everything after attention is
 position-wise and only `=` reaches the logits, so the MLP rows of positions a and b are never
 computed). Both give the logits of model(tokens)[:, -1] up to float32 summation order.
@@ -19,7 +19,7 @@ from geolens.analysis import circuit, clockpizza, fourier, keyfreq, progress_mea
 from geolens.analysis.eqforward import EqActivations, eq_forward_tables, eq_from_cache
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig
-from geolens.model.fast import fast_logits, fast_unsupported_reason
+from geolens.model.engines import Engine, choose_engine
 from geolens.model.tasks import Dataset
 
 N_KEYS = 5
@@ -69,9 +69,14 @@ class AnalysisContext:
     def eq(self) -> EqActivations:
         """Logits and activations at `=` of every input (see the module docstring)."""
         tokens = self.dataset.tokens
-        if fast_unsupported_reason(self.cfg) is None:
-            return eq_forward_tables(self.model, self.cfg, tokens)
+        if self.engine.eq_forward is not None:
+            return eq_forward_tables(self.engine.eq_forward(self.model, tokens), self.cfg)
         return eq_from_cache(*run_with_cache_narrowed(self.model, self.cfg, tokens), self.cfg)
+
+    @functools.cached_property
+    def engine(self) -> Engine:
+        """The fastest engine that computes this model (geolens.model.engines, 'auto')."""
+        return choose_engine(self.cfg, "auto")[0]
 
     @property
     def logits(self) -> Tensor:
@@ -103,13 +108,14 @@ class AnalysisContext:
         return last_position_forward(self.model, self.cfg)(tokens)
 
     def grad_forward(self, tokens: Tensor, rows: Tensor | None = None) -> Tensor:
-        """Logits [B, C] of tokens [B, 3] for gradients: geolens.model.fast.fast_logits (exact up to float
-        rounding, ~1e-6 relative) when the config supports it, else the narrowed forward.
-        rows [B]: tokens == dataset.tokens[rows], so the fast path reuses the forward of `eq`."""
-        if fast_unsupported_reason(self.cfg) is None:
-            reuse = None if rows is None or self.eq.fast is None else (self.eq.fast, rows)
-            return fast_logits(self.model, tokens, reuse=reuse)
-        return self.forward(tokens)
+        """Logits [B, C] of tokens [B, n_ctx] for gradients: the engine's (fast, deep: exact up to float
+        rounding, ~1e-6 relative; hooked: the narrowed forward). rows [B]: tokens == dataset.tokens[rows],
+        so an engine with an analysis forward (fast) reuses the forward of `eq`."""
+        if self.engine.name == "hooked":
+            return self.forward(tokens)
+        if rows is not None and self.engine.eq_forward is not None and self.eq.fast is not None:
+            return self.engine.logits(self.model, tokens, reuse=(self.eq.fast, rows))
+        return self.engine.logits(self.model, tokens)
 
     # -- weights and activations --
     @functools.cached_property

@@ -16,8 +16,8 @@ Two routes give the same values up to float32 summation order
 (tests/test_analysis_speed_paths.py):
 - eq_from_cache: read them off any ActivationCache of the hooked model (the reference route;
   used for models the table route does not cover);
-- eq_forward_tables, for one-layer [a, b, =] models (geolens.model.fast.fast_unsupported_reason(cfg)
-  is None): geolens.model.fast.fast_eq_forward computes the whole `=` forward (the residual stream
+- eq_forward_tables, where the chosen engine has an analysis forward (Engine.eq_forward: the fast engine,
+  one-layer post-norm [a, b, =] models): geolens.model.fast.fast_eq_forward computes the whole `=` forward (the residual stream
   before attention depends only on (token, position), so the training fast path's per-token
   tables give the `=` query's attention and, through embedding bags, the residual after attention
   and the MLP pre-activations; only the MLP output and the readout are per-input matmuls); this
@@ -32,7 +32,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.model.config import GeoConfig
-from geolens.model.fast import FastEq, fast_eq_forward
+from geolens.model.fast import FastEq
 
 
 @dataclass
@@ -40,7 +40,7 @@ class EqActivations:
     """Logits [N, C] and activations at `=` (see the module docstring) of N inputs.
 
     projected: every sphere-projection output the forward computed, flattened to [rows, d_model]
-    (all positions where they were computed; empty unless cfg.norm == 'sphere').
+    (all positions where they were computed; empty unless a norm is the sphere).
     fast: the geolens.model.fast.FastEq behind the values (table route only), which lets gradients
     on a subset of the inputs reuse this forward (fast_logits(reuse=...)).
     """
@@ -70,9 +70,17 @@ def norm_names(cfg: GeoConfig) -> list[str]:
     return ["embed_norm"] + [f"blocks.{layer}.{n}_norm" for layer in range(cfg.n_layers) for n in ("attn", "mlp")]
 
 
+def norm_kinds(cfg: GeoConfig) -> list[str]:
+    """The kind of each norm of norm_names (cfg.layer_norms: a hybrid's layers differ)."""
+    kinds = cfg.layer_norms
+    if cfg.norm_placement == "pre":
+        return [kinds[layer] for layer in range(cfg.n_layers) for _ in range(2)] + [kinds[-1]]
+    return [kinds[0]] + [kinds[layer] for layer in range(cfg.n_layers) for _ in range(2)]
+
+
 def projected_hooks(cfg: GeoConfig) -> list[str]:
-    """Outputs of the sphere projections (empty unless cfg.norm == 'sphere')."""
-    return [f"{name}.hook_normalized" for name in norm_names(cfg)] if cfg.norm == "sphere" else []
+    """Outputs of the sphere projections (empty unless a norm is the sphere)."""
+    return [f"{name}.hook_normalized" for name, kind in zip(norm_names(cfg), norm_kinds(cfg)) if kind == "sphere"]
 
 
 def eq_hooks(cfg: GeoConfig) -> list[str]:
@@ -80,8 +88,8 @@ def eq_hooks(cfg: GeoConfig) -> list[str]:
     out = residual_hooks(cfg)
     for layer in range(cfg.n_layers):
         out += [f"blocks.{layer}.attn.hook_pattern", f"blocks.{layer}.attn.hook_z", f"blocks.{layer}.mlp.hook_post"]
-    if cfg.norm != "none":
-        out += [f"{name}.hook_scale" for name in norm_names(cfg) if name != "embed_norm"]
+    out += [f"{name}.hook_scale" for name, kind in zip(norm_names(cfg), norm_kinds(cfg))
+            if kind != "none" and name != "embed_norm"]
     return out
 
 
@@ -113,10 +121,9 @@ _FAST_HOOKS = {
 }
 
 
-def eq_forward_tables(model, cfg: GeoConfig, tokens: Int[Tensor, "N 3"]) -> EqActivations:
-    """EqActivations of a one-layer model over tokens [N, 3] (no grad): geolens.model.fast.fast_eq_forward's
-    values (the training path's tables and embedding bags) under their hook names."""
-    fast = fast_eq_forward(model, tokens)
+def eq_forward_tables(fast: FastEq, cfg: GeoConfig) -> EqActivations:
+    """EqActivations of a one-layer model from its geolens.model.fast.fast_eq_forward over every input (no
+    grad; the training path's tables and embedding bags), its values under their hook names."""
     f = fast.values
     values = {hook: f[name] for name, hook in _FAST_HOOKS.items() if name in f}
     projected = [f["embedded"], f["resid_mid"], f["resid_post"]] if cfg.norm == "sphere" else []

@@ -99,6 +99,7 @@ def probe_run(run, step: int) -> Probe:
     """Probe of `run` (a geolens.runs.run.Run) at its checkpoint nearest `step`: metrics and DLA from one
     AnalysisContext (one forward over every input); the full cache on first access of .cache."""
     from geolens.analysis import AnalysisContext, compute_metrics
+    from geolens.analysis.registry import topology_reason
 
     nearest = run.nearest_step(step)
     model = run.model_at(nearest)
@@ -106,6 +107,10 @@ def probe_run(run, step: int) -> Probe:
         raise GeoError(f"probe reads the circuit of post-norm models; {run.path} is norm_placement = "
                        f"'{model.cfg.norm_placement}' (not yet served): use geolens analyze (its placement-free metrics) "
                        "or model.run_with_cache with TransformerLens's ActivationCache tools")
+    reason = topology_reason("dla", model.cfg)
+    if reason is not None:
+        raise GeoError(f"probe reads the circuit of [a, b, =] models with one norm; {run.path}: {reason}; use geolens "
+                       "analyze (its topology-free metrics) or model.run_with_cache")
     ctx = AnalysisContext(model, model.cfg, run.dataset)  # the config that held at that step (Run.config_at)
     metrics, skipped = compute_metrics(context=ctx, num_threads=1)
     return Probe(step, nearest, model, ctx, metrics, skipped, ctx.dla)

@@ -275,18 +275,26 @@ METRICS: dict[str, MetricSpec] = {
 }
 
 
-#: metrics whose definition and computation read nothing that depends on where the norms sit
-PLACEMENT_AGNOSTIC = frozenset({"loss", "weight_norm", "softmax_collapse", "zero_loss_fraction", "nlm_cosine"})
+#: metrics whose definition and computation read nothing that depends on where the norms sit, which norm each
+#: layer has or how many operands an example has (the logits, the weights, the gradients)
+TOPOLOGY_AGNOSTIC = frozenset({"loss", "weight_norm", "softmax_collapse", "zero_loss_fraction", "nlm_cosine"})
 
 
-def placement_reason(name: str, cfg: GeoConfig) -> str | None:
-    """Why metric `name` is not computed for this placement (None: it is): the metrics outside
-    PLACEMENT_AGNOSTIC were written for the post-norm stream (each norm's output replaces it) and are not
-    yet served for pre-norm models, rather than computed with post-norm formulas."""
-    if cfg.norm_placement == "post" or name in PLACEMENT_AGNOSTIC:
+def topology_reason(name: str, cfg: GeoConfig) -> str | None:
+    """Why metric `name` is not computed for this model's topology (None: it is). The metrics outside
+    TOPOLOGY_AGNOSTIC were written for post-norm models with one norm ([a, b, =] inputs: their Fourier
+    grids are over pairs); pre-norm, hybrid and 3-operand models are declared not yet served rather than
+    given those formulas."""
+    if name in TOPOLOGY_AGNOSTIC:
         return None
-    return (f"not yet served for norm_placement = '{cfg.norm_placement}' (written for the post-norm stream); "
-            "TransformerLens's ActivationCache tools apply to pre-norm runs (run_with_cache)")
+    if cfg.norm_placement != "post":
+        return (f"not yet served for norm_placement = '{cfg.norm_placement}' (written for the post-norm stream); "
+                "TransformerLens's ActivationCache tools apply to pre-norm runs (run_with_cache)")
+    if cfg.hybrid:
+        return f"not yet served for per-layer norms (norm = '{cfg.norm}'; written for one norm throughout)"
+    if cfg.n_operands != 2:
+        return f"not yet served for task '{cfg.task}' ({cfg.n_operands} operands; written for [a, b, =] grids)"
+    return None
 
 
 def compute_metrics(
@@ -321,7 +329,7 @@ def compute_metrics(
     with torch_threads(num_threads):
         for name in names:
             spec = METRICS[name]
-            reason = placement_reason(name, context.cfg) or spec.applies(context.cfg)
+            reason = topology_reason(name, context.cfg) or spec.applies(context.cfg)
             if reason is not None:
                 skipped[name] = reason
                 continue

@@ -167,9 +167,13 @@ class GeoActivationCache(ActivationCache):
 
     def apply_ln_to_stack(self, residual_stack: Tensor, layer: int | None = None, mlp_input: bool = False,
                           pos_slice=None, batch_slice=None, has_batch_dim: bool = True, recompute_ln: bool = False) -> Tensor:
-        """Identity (after batch_slice): a GeoTransformer has no norm between a stream and what
-        reads it, and the parts of this cache's decompositions have already been carried through
-        the norms they pass."""
+        """Post-norm: the identity (after batch_slice): a GeoTransformer has no norm between a stream and
+        what reads it, and the parts of this cache's decompositions have already been carried through the
+        norms they pass. Pre-norm: TransformerLens's (refused for a hybrid, whose norms differ by layer)."""
+        if self.pre_norm and self.model.cfg.hybrid:
+            raise GeoError(f"apply_ln_to_stack rescales with one kind of norm (TransformerLens's cfg.normalization_type), "
+                           f"but this model's layers differ (norm = '{self.model.cfg.norm}'); divide the stack by the "
+                           "hook_scale of the norm that reads it (and centre it for a LayerNorm) by hand")
         if self.pre_norm:
             return super().apply_ln_to_stack(residual_stack=residual_stack, layer=layer, mlp_input=mlp_input,
                                              pos_slice=pos_slice, batch_slice=batch_slice,

@@ -21,7 +21,8 @@ PLACEMENTS = ("post", "pre")
 UNEMBEDS = ("raw", "bounded")
 ATTENTIONS = ("learned", "uniform")
 INITS = ("paper", "notebook", "tl")
-TASKS = ("add", "sub", "mul", "perm")
+TASKS = ("add", "sub", "mul", "perm", "add3")
+ENGINES = ("auto", "hooked", "fast", "deep")
 
 PAPER_FOURIER_FREQS = (14, 35, 41, 42, 52)
 
@@ -42,7 +43,7 @@ class GeoConfig:
     n_heads: int = 4
     d_head: int = 32
     d_mlp: int = 512
-    norm: str = "layernorm"
+    norm: str = "layernorm"  # one norm, or one per layer: "layernorm,sphere" (a hybrid)
     norm_placement: str = "post"  # post: the norm replaces the stream (the paper's); pre: HookedTransformer's ln1/ln2/ln_final
     unembed: str = "raw"
     tau: float = 10.0
@@ -65,7 +66,7 @@ class GeoConfig:
     early_stop_after: int | None = None
     schedule: list[str] = field(default_factory=list)  # lr / weight_decay / tau schedules (model.hyperschedule)
     norm_clamp: float | None = None  # hold the total parameter L2 norm at this value after every step
-    engine: str = "auto"  # auto | hooked | fast
+    engine: str = "auto"  # auto | hooked | fast | deep (geolens.model.engines)
     device: str = "cpu"  # where training runs: cpu | cuda | cuda:N (analysis always runs on the CPU)
     preset: str = ""  # the preset string this config was built from (informational)
 
@@ -95,18 +96,42 @@ class GeoConfig:
         return f"perm S{self.n_perm}" if self.task == "perm" else f"{self.task} p={self.p}"
 
     @property
+    def n_operands(self) -> int:
+        """Operands per example: 3 for add3 ([a, b, c, =]), else 2 ([a, b, =])."""
+        return 3 if self.task == "add3" else 2
+
+    @property
     def n_ctx(self) -> int:
-        return 3
+        """Tokens per example: the operands, then `=`."""
+        return self.n_operands + 1
+
+    @property
+    def n_inputs(self) -> int:
+        """Number of distinct examples: n_classes ** n_operands."""
+        return self.n_classes**self.n_operands
+
+    @property
+    def layer_norms(self) -> tuple[str, ...]:
+        """The norm of each layer, [n_layers]: cfg.norm repeated, or its comma-separated values (a hybrid).
+        Post-norm, the embedding's norm is layer 0's; pre-norm, ln_final is the last layer's."""
+        norms = tuple(n.strip() for n in self.norm.split(","))
+        return norms * self.n_layers if len(norms) == 1 else norms
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether the layers' norms differ."""
+        return len(set(self.layer_norms)) > 1
 
     @property
     def normalization_type(self) -> str | None:
         """What TransformerLens code reads to rescale a residual stack (ActivationCache.apply_ln_to_stack).
         Post-norm: None (the norms replace the residual stream, TL's pre-norm rescaling does not apply;
         geolens.model.cache gives the exact decompositions). Pre-norm: 'LN' (layernorm: centre, divide by
-        hook_scale), 'RMS' (rmsnorm, and the sphere, whose hook_scale is ||x||: divide by it), None (none)."""
-        if self.norm_placement == "post" or self.norm == "none":
+        hook_scale), 'RMS' (rmsnorm, and the sphere, whose hook_scale is ||x||: divide by it), None (none, and
+        hybrids, whose layers differ: geolens.model.cache refuses TL's rescaling for them)."""
+        if self.norm_placement == "post" or self.hybrid or self.layer_norms[0] == "none":
             return None
-        return "LN" if self.norm == "layernorm" else "RMS"
+        return "LN" if self.layer_norms[0] == "layernorm" else "RMS"
 
     # HookedTransformerConfig attributes TransformerLens code reads (ActivationCache, patching,
     # utils). `device` above is the training device.
@@ -122,17 +147,22 @@ class GeoConfig:
     def validate(self) -> None:
         self._check_types()
         _choice("task", self.task, TASKS)
-        _choice("norm", self.norm, NORMS)
+        norms = [n.strip() for n in self.norm.split(",")]
+        for n in norms:
+            _choice("norm", n, NORMS)
+        if len(norms) > 1 and len(norms) != self.n_layers:
+            raise GeoError(f"norm = '{self.norm}' gives {len(norms)} per-layer norms but n_layers = {self.n_layers}; "
+                           f"give one norm, or one per layer (e.g. --set n_layers={len(norms)})")
         _choice("norm_placement", self.norm_placement, PLACEMENTS)
         _choice("unembed", self.unembed, UNEMBEDS)
         _choice("attention", self.attention, ATTENTIONS)
         _choice("init", self.init, INITS)
-        _choice("engine", self.engine, ("auto", "hooked", "fast"))
+        _choice("engine", self.engine, ENGINES)
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise GeoError(f"device = {self.device!r} is not a device; use cpu, cuda or cuda:N")
-        if self.task in ("add", "sub", "mul") and not _is_prime(self.p):
+        if self.task in ("add", "sub", "mul", "add3") and not _is_prime(self.p):
             raise GeoError(f"p = {self.p} is not prime; task '{self.task}' needs a prime p (e.g. 113)")
-        if self.task in ("add", "sub", "mul") and self.p < 3:
+        if self.task in ("add", "sub", "mul", "add3") and self.p < 3:
             raise GeoError(f"p = {self.p} is too small: with {self.p} classes there is nothing to learn and no Fourier "
                            "frequency; use a prime p >= 3 (e.g. 113)")
         if self.task == "perm" and not 2 <= self.n_perm <= 6:
@@ -143,7 +173,7 @@ class GeoConfig:
         if min(n_train, n_test) < 1:
             empty = "training" if n_train < 1 else "test"
             raise GeoError(f"frac_train = {self.frac_train} leaves the {empty} split empty ({n_train} train / {n_test} "
-                           f"test of {self.n_classes ** 2} pairs); choose --frac so that both splits hold examples")
+                           f"test of {self.n_inputs} inputs); choose --frac so that both splits hold examples")
         _positive_finite("lr", self.lr)
         _positive_finite("tau", self.tau)
         for name in ("ln_eps", "rms_eps", "sphere_eps"):
@@ -193,7 +223,7 @@ class GeoConfig:
     @property
     def split_sizes(self) -> tuple[int, int]:
         """(n_train, n_test) of the task's split (tasks.make_dataset)."""
-        n = self.n_classes**2
+        n = self.n_inputs
         n_train = int(n * self.frac_train)
         return n_train, n - n_train
 

@@ -50,12 +50,19 @@ Acts = Callable[[str], Tensor]  # hook name -> cached activation (leading dims [
 
 
 # ---- one frozen norm ------------------------------------------------------------------------------
+def norm_kind(norm) -> str:
+    """The kind of a GeoTransformer norm module ('layernorm', 'rmsnorm', 'sphere', 'none'), read off the module
+    itself, so that each layer of a hybrid (per-layer norms) is carried through its own."""
+    return {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm", "SphereNorm": "sphere", "NoNorm": "none"}[type(norm).__name__]
+
+
 def norm_linear(cfg: GeoConfig, norm, x: Tensor) -> Tensor:
     """The linear part of a post-norm at scale 1, applied to x [..., d_model] (at a frozen
     per-input scale s it is this / s)."""
-    if cfg.norm == "layernorm":
+    kind = norm_kind(norm)
+    if kind == "layernorm":
         return (x - x.mean(-1, keepdim=True)) * norm.w.detach()
-    if cfg.norm == "rmsnorm":
+    if kind == "rmsnorm":
         return x * norm.w.detach()
     return x
 
@@ -64,17 +71,18 @@ def norm_linear_T(cfg: GeoConfig, norm, g: Tensor) -> Tensor:
     """Transpose of norm_linear at scale 1: pulls readout directions g [..., d_model] back
     through the norm, so that norm_linear(x) . g == x . norm_linear_T(g) for every x
     (LayerNorm's centring is symmetric); at scale s the pulled-back direction is this / s."""
-    if cfg.norm == "layernorm":
+    kind = norm_kind(norm)
+    if kind == "layernorm":
         h = g * norm.w.detach()
         return h - h.mean(-1, keepdim=True)
-    if cfg.norm == "rmsnorm":
+    if kind == "rmsnorm":
         return g * norm.w.detach()
     return g
 
 
 def norm_offset(cfg: GeoConfig, norm) -> Tensor | None:
     """The norm's additive offset [d_model] (LayerNorm b), None for the other norms."""
-    return norm.b.detach() if cfg.norm == "layernorm" else None
+    return norm.b.detach() if norm_kind(norm) == "layernorm" else None
 
 
 # ---- the chain of norms ---------------------------------------------------------------------------
@@ -122,7 +130,7 @@ def pull_back(model, directions: Float[Tensor, "d_model k"], scale: Acts, f0: Te
     for j in range(target, stop - 1, -1):
         norm, name = chain[j]
         G = norm_linear_T(cfg, norm, G.T).T
-        if cfg.norm != "none":
+        if norm_kind(norm) != "none":
             f = f / scale(name)
         out[j] = (G, f)
     return out

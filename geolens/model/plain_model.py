@@ -15,6 +15,9 @@ nn.RMSNorm or the sphere projection as post-norms or pre-norms, and F.normalize 
                 logits = R(N1(h))
     R(h) = h @ W_U  (raw)  or  tau * h @ (W_U with unit-norm columns)  (bounded)
 
+Each layer's N2, N3 are its own norm (cfg.layer_norms, a hybrid when they differ); N1 is layer 0's (post)
+or the last layer's (pre).
+
 load_from(model) copies a GeoTransformer's weights (HookedTransformer layout) into the nn.Linear
 layout ([out, in]).
 """
@@ -43,28 +46,28 @@ class SphereNorm(nn.Module):
         return x / x.norm(dim=-1, keepdim=True).clamp_min(self.eps)
 
 
-def plain_norm(cfg: GeoConfig) -> nn.Module:
-    """The norm of cfg.norm as a torch module (an identity for 'none')."""
-    if cfg.norm == "layernorm":
+def plain_norm(cfg: GeoConfig, kind: str) -> nn.Module:
+    """The norm `kind` (one of config.NORMS) as a torch module (an identity for 'none')."""
+    if kind == "layernorm":
         return nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
-    if cfg.norm == "rmsnorm":
+    if kind == "rmsnorm":
         return nn.RMSNorm(cfg.d_model, eps=cfg.rms_eps)
-    if cfg.norm == "sphere":
+    if kind == "sphere":
         return SphereNorm(cfg.sphere_eps)
     return nn.Identity()
 
 
 class PlainBlock(nn.Module):
-    """One layer: attention, then the MLP, each followed (post-norm) or preceded (pre-norm) by its norm."""
+    """One layer: attention, then the MLP, each followed (post-norm) or preceded (pre-norm) by its norm `kind`."""
 
-    def __init__(self, cfg: GeoConfig):
+    def __init__(self, cfg: GeoConfig, kind: str):
         super().__init__()
         D, HD = cfg.d_model, cfg.n_heads * cfg.d_head
         self.cfg = cfg
         self.q, self.k, self.v = (nn.Linear(D, HD, bias=False) for _ in range(3))
         self.o = nn.Linear(HD, D, bias=False)
         self.fc1, self.fc2 = nn.Linear(D, cfg.d_mlp), nn.Linear(cfg.d_mlp, D)
-        self.norm_attn, self.norm_mlp = plain_norm(cfg), plain_norm(cfg)
+        self.norm_attn, self.norm_mlp = plain_norm(cfg, kind), plain_norm(cfg, kind)
         self.pre = cfg.norm_placement == "pre"
 
     def forward(self, h: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
@@ -90,16 +93,17 @@ class PlainBlock(nn.Module):
 
 
 class PlainTransformer(nn.Module):
-    """The transformer of the module docstring (post- or pre-norm), computed at every position; N1 is
-    the embedding's norm (post) or the final one (pre)."""
+    """The transformer of the module docstring (post- or pre-norm, any task's n_ctx), computed at every
+    position; N1 is the embedding's norm (post) or the final one (pre)."""
 
     def __init__(self, cfg: GeoConfig):
         super().__init__()
         self.cfg = cfg
         self.tok = nn.Embedding(cfg.d_vocab, cfg.d_model)
         self.pos = nn.Embedding(cfg.n_ctx, cfg.d_model)
-        self.norm_embed = plain_norm(cfg)
-        self.blocks = nn.ModuleList(PlainBlock(cfg) for _ in range(cfg.n_layers))
+        kinds = cfg.layer_norms
+        self.norm_embed = plain_norm(cfg, kinds[-1] if cfg.norm_placement == "pre" else kinds[0])
+        self.blocks = nn.ModuleList(PlainBlock(cfg, kind) for kind in kinds)
         self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab_out, bias=False)
 
     def forward(self, tokens: Int[Tensor, "batch pos"], last_only: bool = False) -> Tensor:

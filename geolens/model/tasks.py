@@ -1,7 +1,8 @@
-"""Algorithmic tasks: Z_p addition / subtraction / multiplication and S_n composition.
+"""Algorithmic tasks: Z_p addition / subtraction / multiplication, S_n composition, Z_p sums of 3 operands.
 
-Every example is the token sequence [a, b, =] with `=` = n_classes; the label is a o b.
-Splits follow the paper: all n_classes^2 pairs (a-major order) shuffled with Python's
+Every example is the token sequence [a, b, =] with `=` = n_classes; the label is a o b (task add3:
+[a, b, c, =], label (a + b + c) mod p). Splits follow the paper: all n_classes^n_operands inputs
+(a-major order) shuffled with Python's
 random.Random(data_seed), the first int(frac_train * N) are the training set. Each split's indices
 are then stored in ascending (a-major) order: full-batch training does not depend on the order of
 the examples, and neighbouring examples sharing a token make the fast path's per-token table reads
@@ -27,11 +28,11 @@ from geolens.model.config import GeoConfig
 class Dataset:
     """All inputs of a task plus its seeded split.
 
-    tokens: [N, 3] every (a, b, =) in a-major order (N = n_classes^2); labels: [N];
+    tokens: [N, n_ctx] every (a, b, =) (add3: (a, b, c, =)) in a-major order (N = cfg.n_inputs); labels: [N];
     train_idx / test_idx: indices into tokens, each in ascending order.
     """
 
-    tokens: Int[Tensor, "N 3"]
+    tokens: Int[Tensor, "N n_ctx"]
     labels: Int[Tensor, "N"]
     train_idx: Int[Tensor, "n_train"]
     test_idx: Int[Tensor, "n_test"]
@@ -51,14 +52,15 @@ def permutations(n: int) -> list[tuple[int, ...]]:
 
 
 def compose_table(cfg: GeoConfig) -> Int[Tensor, "n_classes n_classes"]:
-    """table[a, b] = a o b for the task (for perm: out[i] = a[b[i]], i.e. apply b, then a)."""
+    """table[a, b] = a o b for the task (for perm: out[i] = a[b[i]], i.e. apply b, then a; add3: a + b mod p,
+    applied twice)."""
     if cfg.task == "perm":
         perms = permutations(cfg.n_perm)
         index = {q: i for i, q in enumerate(perms)}
         return torch.tensor([[index[tuple(pa[i] for i in pb)] for pb in perms] for pa in perms])
     a = torch.arange(cfg.p).unsqueeze(1)
     b = torch.arange(cfg.p).unsqueeze(0)
-    if cfg.task == "add":
+    if cfg.task in ("add", "add3"):
         return (a + b) % cfg.p
     if cfg.task == "sub":
         return (a - b) % cfg.p
@@ -67,12 +69,11 @@ def compose_table(cfg: GeoConfig) -> Int[Tensor, "n_classes n_classes"]:
 
 def make_dataset(cfg: GeoConfig) -> Dataset:
     """The task's full input grid and its split by cfg.data_seed and cfg.frac_train."""
-    n = cfg.n_classes
-    table = compose_table(cfg)
-    a, b = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
-    tokens = torch.stack([a.flatten(), b.flatten(), torch.full((n * n,), n)], dim=1)
-    labels = table.flatten()
-    order = list(range(n * n))
+    n, N = cfg.n_classes, cfg.n_inputs
+    grids = torch.meshgrid(*[torch.arange(n)] * cfg.n_operands, indexing="ij")
+    tokens = torch.stack([g.flatten() for g in grids] + [torch.full((N,), n)], dim=1)
+    labels = answers(cfg, tokens)
+    order = list(range(N))
     random.Random(cfg.data_seed).shuffle(order)
     n_train = int(len(order) * cfg.frac_train)
     return Dataset(tokens, labels, torch.tensor(sorted(order[:n_train])), torch.tensor(sorted(order[n_train:])))
@@ -80,7 +81,6 @@ def make_dataset(cfg: GeoConfig) -> Dataset:
 
 # ---- the task's tokens as text --------------------------------------------------------------------
 EQUALS = "="
-OPERATORS = {"add": "+", "sub": "-", "mul": "*", "perm": "o"}
 
 
 def token_strings(cfg: GeoConfig) -> list[str]:
@@ -107,48 +107,56 @@ def _token_ids(cfg: GeoConfig) -> dict[str, int]:
     return {s: i for i, s in enumerate(token_strings(cfg))}
 
 
-def encode(cfg: GeoConfig, examples) -> Int[Tensor, "batch 3"]:
-    """Token ids [batch, 3] ([a, b, =]) of examples given as text or pairs.
+def encode(cfg: GeoConfig, examples) -> Int[Tensor, "batch n_ctx"]:
+    """Token ids [batch, n_ctx] ([a, b, =]; add3 [a, b, c, =]) of examples given as text or tuples.
 
     examples: one example or a list of them. An example is a string 'a o b =' (the operator and
     '=' are optional: '17 + 42 =', '17 42'; S_n operands are one-line permutations, '20134 o
-    10234 =') or a pair of operand token ids (17, 42). A list of examples gives a batch.
+    10234 =') or a pair of operand token ids (17, 42); add3 takes three ('1 + 2 + 3 =', (1, 2, 3)). A list of
+    examples gives a batch.
     """
-    if isinstance(examples, str) or is_pair(examples):
+    if isinstance(examples, str) or is_pair(examples, cfg.n_operands):
         examples = [examples]
     if not isinstance(examples, (list, tuple)) or not examples:
         raise GeoError(f"cannot read {examples!r} as examples; pass 'a + b =' strings or (a, b) pairs, or a list of them")
     rows = [_parse(cfg, ex) if isinstance(ex, str) else _pair_ids(cfg, ex) for ex in examples]
     equals = cfg.n_classes
-    return torch.tensor([[a, b, equals] for a, b in rows], dtype=torch.long)
+    return torch.tensor([[*operands, equals] for operands in rows], dtype=torch.long)
 
 
-def is_pair(x) -> bool:
-    """Whether x is one example given as a pair of operand token ids (a, b)."""
-    return isinstance(x, (list, tuple)) and len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+def is_pair(x, n_operands: int = 2) -> bool:
+    """Whether x is one example given as a tuple of n_operands operand token ids ((a, b); add3 (a, b, c))."""
+    return isinstance(x, (list, tuple)) and len(x) == n_operands and \
+        all(isinstance(v, int) and not isinstance(v, bool) for v in x)
 
 
-def _pair_ids(cfg: GeoConfig, pair) -> tuple[int, int]:
-    if not is_pair(pair):
-        raise GeoError(f"cannot read {pair!r} as an example; pass an 'a + b =' string or an (a, b) pair of token ids")
+def _pair_ids(cfg: GeoConfig, pair) -> tuple[int, ...]:
+    if not is_pair(pair, cfg.n_operands):
+        raise GeoError(f"cannot read {pair!r} as an example; pass an '{_example_text(cfg)}' string or a tuple of "
+                       f"{cfg.n_operands} operand token ids")
     bad = [v for v in pair if not 0 <= v < cfg.n_classes]
     if bad:
         raise GeoError(f"operand token ids {bad} are out of range; task {cfg.task} has operands 0..{cfg.n_classes - 1}")
-    return pair[0], pair[1]
+    return tuple(pair)
 
 
-def _parse(cfg: GeoConfig, text: str) -> tuple[int, int]:
+def _example_text(cfg: GeoConfig) -> str:
+    return " + ".join("abc"[: cfg.n_operands]) + " ="
+
+
+def _parse(cfg: GeoConfig, text: str) -> tuple[int, ...]:
     words = re.findall(r"\d+|=", text)
     rest = re.sub(r"\d+|=|\s|[-+*/xo\u2218\u00b7]", "", text)
     if words and words[-1] == EQUALS:
         words = words[:-1]
-    if rest or len(words) != 2 or EQUALS in words:
-        raise GeoError(f"cannot read '{text}' as an example of task {cfg.task}; write two operands and an optional '=', "
-                       f"e.g. '{' '.join(token_strings(cfg)[i] for i in (1, 2))} ='")
+    k = cfg.n_operands
+    if rest or len(words) != k or EQUALS in words:
+        raise GeoError(f"cannot read '{text}' as an example of task {cfg.task}; write {k} operands and an optional "
+                       f"'=', e.g. '{' '.join(token_strings(cfg)[i] for i in range(1, k + 1))} ='")
     ids = [token_id(cfg, w) for w in words]
     if cfg.n_classes in ids:
         raise GeoError(f"'=' cannot be an operand in '{text}'")
-    return ids[0], ids[1]
+    return tuple(ids)
 
 
 def decode(cfg: GeoConfig, tokens: Tensor) -> list:
@@ -159,11 +167,16 @@ def decode(cfg: GeoConfig, tokens: Tensor) -> list:
     return [decode(cfg, t) for t in tokens]
 
 
-def answers(cfg: GeoConfig, tokens: Int[Tensor, "batch 3"], table: Tensor | None = None) -> Int[Tensor, "batch"]:
-    """The task's true label a o b of each example [a, b, =]; table: compose_table(cfg) if given."""
-    operands = tokens[:, :2] if tokens.dim() == 2 and tokens.shape[1] == cfg.n_ctx else None
+def answers(cfg: GeoConfig, tokens: Int[Tensor, "batch n_ctx"], table: Tensor | None = None) -> Int[Tensor, "batch"]:
+    """The task's true label of each example: a o b of [a, b, =] (add3: (a + b + c) mod p of [a, b, c, =]);
+    table: compose_table(cfg) if given."""
+    k = cfg.n_operands
+    operands = tokens[:, :k] if tokens.dim() == 2 and tokens.shape[1] == cfg.n_ctx else None
     if operands is None or bool(((operands < 0) | (operands >= cfg.n_classes)).any()):
-        raise GeoError(f"tokens of shape {tuple(tokens.shape)} are not [batch, 3] examples [a, b, =] of task {cfg.task}; "
+        raise GeoError(f"tokens of shape {tuple(tokens.shape)} are not [batch, {cfg.n_ctx}] examples of task {cfg.task}; "
                        f"pass labels= explicitly")
     table = (compose_table(cfg) if table is None else table).to(tokens.device)
-    return table[operands[:, 0], operands[:, 1]]
+    out = table[operands[:, 0], operands[:, 1]]
+    for j in range(2, k):
+        out = table[out, operands[:, j]]
+    return out

@@ -22,6 +22,9 @@ the stream is free):
     h = h + mlp(blocks.L.ln2(h))                      -> blocks.L.hook_resid_post
     logits = unembed(ln_final(h))
 
+cfg.norm may name one norm per layer (a hybrid, e.g. 'sphere,layernorm'): layer L's norms are
+cfg.layer_norms[L]; embed_norm is layer 0's, ln_final the last layer's. Task add3 reads [a, b, c, =].
+
 The readout is applied at every position; the prediction is the last position's (`=`),
 logits[:, -1]. Extra hook points: every norm has hook_scale (the norm of its input before
 projection) and hook_normalized (its output); the unembedding has hook_in, hook_scores (bounded
@@ -182,22 +185,24 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One layer: post-norm (attn_norm, mlp_norm replace the stream) or pre-norm (ln1, ln2 read the
-    sublayer inputs; TransformerLens's names), as cfg.norm_placement says (module docstring)."""
+    """Layer `layer`: post-norm (attn_norm, mlp_norm replace the stream) or pre-norm (ln1, ln2 read the
+    sublayer inputs; TransformerLens's names), as cfg.norm_placement says (module docstring); its norms
+    are cfg.layer_norms[layer]."""
 
-    def __init__(self, cfg: GeoConfig):
+    def __init__(self, cfg: GeoConfig, layer: int = 0):
         super().__init__()
         self.pre = cfg.norm_placement == "pre"
+        Norm = NORM_CLASSES[cfg.layer_norms[layer]]
         if self.pre:
-            self.ln1 = NORM_CLASSES[cfg.norm](cfg)
+            self.ln1 = Norm(cfg)
         self.attn = Attention(cfg)
         if self.pre:
-            self.ln2 = NORM_CLASSES[cfg.norm](cfg)
+            self.ln2 = Norm(cfg)
         else:
-            self.attn_norm = NORM_CLASSES[cfg.norm](cfg)
+            self.attn_norm = Norm(cfg)
         self.mlp = MLP(cfg)
         if not self.pre:
-            self.mlp_norm = NORM_CLASSES[cfg.norm](cfg)
+            self.mlp_norm = Norm(cfg)
         for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
             setattr(self, f"hook_{name}", HookPoint())
 
@@ -273,10 +278,10 @@ class GeoTransformer(HookedRootModule):
         self.hook_pos_embed = HookPoint()
         self.pre_norm = cfg.norm_placement == "pre"
         if not self.pre_norm:
-            self.embed_norm = NORM_CLASSES[cfg.norm](cfg)
-        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
+            self.embed_norm = NORM_CLASSES[cfg.layer_norms[0]](cfg)
+        self.blocks = nn.ModuleList([Block(cfg, layer) for layer in range(cfg.n_layers)])
         if self.pre_norm:
-            self.ln_final = NORM_CLASSES[cfg.norm](cfg)
+            self.ln_final = NORM_CLASSES[cfg.layer_norms[-1]](cfg)
         self.unembed = Unembed(cfg)
         self.init_weights(cfg.seed if seed is None else seed)
         self.setup()
@@ -415,9 +420,10 @@ class GeoTransformer(HookedRootModule):
         return out, GeoActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
 
     # ---- text <-> tokens (the task's vocabulary: operands, then `=`) ----
-    def to_tokens(self, input) -> Int[Tensor, "batch 3"]:
-        """Tokens [batch, 3] = [a, b, =] of one example or a list: '17 + 42 =' (operator and '='
-        optional), a pair of operand ids (17, 42); S_n operands in one-line notation '20134'."""
+    def to_tokens(self, input) -> Int[Tensor, "batch n_ctx"]:
+        """Tokens [batch, n_ctx] = [a, b, =] of one example or a list: '17 + 42 =' (operator and '='
+        optional), a pair of operand ids (17, 42); S_n operands in one-line notation '20134'; add3
+        [a, b, c, =] from '1 + 2 + 3 =' or (1, 2, 3)."""
         return tasks.encode(self.cfg, input).to(self.embed.W_E.device)
 
     def to_str_tokens(self, input) -> list:
@@ -426,7 +432,7 @@ class GeoTransformer(HookedRootModule):
         if isinstance(input, Tensor):
             return tasks.decode(self.cfg, input)
         tokens = tasks.decode(self.cfg, tasks.encode(self.cfg, input))
-        return tokens if isinstance(input, (list, tuple)) and not tasks.is_pair(input) else tokens[0]
+        return tokens if isinstance(input, (list, tuple)) and not tasks.is_pair(input, self.cfg.n_operands) else tokens[0]
 
     def to_single_token(self, string: str) -> int:
         """The token id of one token's text ('17', '=', an S_n permutation '20134')."""

@@ -2,10 +2,9 @@
 
 Each member is its own GeoTransformer with its own torch AdamW (engine.make_optimizer, the
 single run's optimizer). Every step `StackedForward` stacks the members' parameters over a
-leading member dimension ([S, *shape]) and computes the per-member logits: with the fast path
-(one-layer models, engine auto/fast) as one stacked computation (geolens.model.fast.stacked_fast_logits:
-bmm over stacked weights and tables), otherwise by vmapping the hooked GeoTransformer forward over
-the members (torch.func.vmap + functional_call); either way the math is a single run's. The
+leading member dimension ([S, *shape]) and computes the per-member logits with the stacked forward of the
+engine geolens.model.engines chooses (fast: one-layer tables; deep: any depth, bmm over the member axis;
+hooked: torch.func.vmap of the GeoTransformer forward); either way the math is a single run's. The
 per-member mean cross-entropies are summed before backward, so each member's .grad is exactly its
 own gradient.
 
@@ -37,14 +36,14 @@ from torch import Tensor
 
 from geolens.errors import GeoError, warn
 from geolens.model.config import GeoConfig
-from geolens.model.fast import stacked_fast_logits
 from geolens.model.hyperschedule import parse_hyper_schedule
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
 from geolens.runs.integrity import resume_point
 from geolens.runs.runlock import NewRunClaim, RunLock
 from geolens.runs.storage import RunDir, atomic_write_json, load_tensors
-from geolens.training.engine import choose_engine, make_optimizer, out_of_memory_as_error, preflight, training_device
+from geolens.model.engines import choose_engine
+from geolens.training.engine import make_optimizer, out_of_memory_as_error, preflight, training_device
 from geolens.training.precursor_columns import PrecursorProbe, eq_activations
 from geolens.training.progress_bar import sweep_stats
 from geolens.training.recording import evaluated_row, from_resume_state, run_header, squared_norms
@@ -78,31 +77,20 @@ class StackedForward:
     """forward(tokens [S][B, n_ctx]) -> per-member logits [S, B, C] of the member models.
 
     Each call stacks the members' own parameters ([S, *shape], so backward fills each member's
-    .grad). Engine 'fast' (cfg.engine auto/fast on a model geolens.model.fast supports):
-    stacked_fast_logits, the fast path with a leading member dimension (pass the same per-member
-    token tensors every call: their index plan is cached). Engine 'hooked': the hooked forward,
-    vmapped over the members.
+    .grad), through the stacked forward of the engine geolens.model.engines chooses (fast: pass the same
+    per-member token tensors every call, their index plan is cached; deep: bmm over the member axis;
+    hooked: the hooked forward vmapped over the members).
     """
 
     def __init__(self, models: list[GeoTransformer]):
         self.models = models
         self.names = [n for n, _ in models[0].named_parameters()]
-        self.engine, self.why = choose_engine(models[0].cfg)
-        if self.engine == "hooked":
-            self.why += "; members vmapped over the hooked forward"
-        else:
-            self.why = "fast path with a leading member dimension"
+        self.engine, why = choose_engine(models[0].cfg)
+        self.why = f"{why}; {self.engine.name} engine's stacked forward (Engine.stacked_logits)"
 
     def __call__(self, tokens: list[Tensor]) -> Tensor:
         params = {n: torch.stack(ts) for n, ts in zip(self.names, zip(*(m.parameters() for m in self.models)))}
-        if self.engine == "hooked":
-            return stacked_logits(self.models[0], params, torch.stack(tokens))
-        return stacked_fast_logits(self.models[0].cfg, params, tokens, self.models[0].unembed.tau)
-
-
-def stacked_logits(model: GeoTransformer, params: dict[str, Tensor], tokens: Tensor) -> Tensor:
-    """Per-member logits [S, B, C] at `=` of tokens [S, B, n_ctx] under params {name: [S, *shape]} (hooked forward, vmapped)."""
-    return torch.func.vmap(lambda p, x: torch.func.functional_call(model, p, (x,))[:, -1])(params, tokens)
+        return self.engine.stacked_logits(self.models[0], params, tokens)
 
 
 def member_losses(logits: Tensor, labels: Tensor) -> Tensor:
@@ -204,7 +192,7 @@ def _train_stack(runs: list[RunDir], cfgs: list[GeoConfig], models: list[GeoTran
     train_y = torch.stack([d.train[1] for d in data]).to(dev)
     test_y = torch.stack([d.test[1] for d in data]).to(dev)
     forward = StackedForward(models)
-    engine, why = f"{ENGINE}-{forward.engine}", f"{S} members stacked; {forward.why}"
+    engine, why = f"{ENGINE}-{forward.engine.name}", f"{S} members stacked; {forward.why}"
     members = [Member(runs[i], cfgs[i], models[i], opts[i], rows[i], manifests[i],
                       run_header(cfgs[i], engine, why, train_y.shape[1], test_y.shape[1], start, prevs[i], device=dev),
                       (prevs[i] or {}).get("timing", {}),

@@ -1,8 +1,8 @@
 """How a run's training step is computed, and where: the device, the forward engine, the optimizer.
 
-training_device: cfg.device as a torch.device (refused if this torch cannot see it). choose_engine:
-'fast' (geolens.model.fast, one-layer models) or 'hooked' (the GeoTransformer forward), with the reason;
-select_forward: the chosen forward as tokens -> logits at `=`. make_optimizer: the fused AdamW every
+training_device: cfg.device as a torch.device (refused if this torch cannot see it). select_forward: the
+engine geolens.model.engines.choose_engine picks (fast, deep or hooked) and its forward as tokens -> logits
+at `=`. make_optimizer: the fused AdamW every
 training path uses. preflight: the checks made before anything is written (engine, memory, warnings);
 out_of_memory_as_error: an allocation failure as a one-line GeoError. Used by geolens.training.train,
 geolens.training.batched and the benchmarks.
@@ -18,6 +18,7 @@ from torch import Tensor
 
 from geolens.errors import GeoError, warn
 from geolens.model.config import GeoConfig, training_warnings
+from geolens.model.engines import Engine, choose_engine
 from geolens.training.resources import check_fits, is_out_of_memory, out_of_memory_error
 
 if TYPE_CHECKING:
@@ -39,28 +40,10 @@ def synchronize(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def choose_engine(cfg: GeoConfig) -> tuple[str, str]:
-    """('fast' | 'hooked', why). 'auto' takes the fast path when it supports the model."""
-    if cfg.engine == "hooked":
-        return "hooked", "engine=hooked requested"
-    from geolens.model.fast import fast_unsupported_reason
-
-    reason = fast_unsupported_reason(cfg)
-    if reason is None:
-        return "fast", "fast path supports this model"
-    if cfg.engine == "fast":
-        raise GeoError(f"engine=fast cannot run this model: {reason}; use --set engine=auto or engine=hooked")
-    return "hooked", f"fast path unsupported ({reason}); using the hooked forward"
-
-
-def select_forward(model: GeoTransformer) -> tuple[str, Callable[[Tensor], Tensor], str]:
-    """(engine name, forward(tokens) -> logits [batch, C] at `=`, why) for `model` (see choose_engine)."""
+def select_forward(model: GeoTransformer) -> tuple[Engine, Callable[[Tensor], Tensor], str]:
+    """(engine, forward(tokens) -> logits [batch, C] at `=`, why) for `model` (engines.choose_engine)."""
     engine, why = choose_engine(model.cfg)
-    if engine == "hooked":
-        return engine, lambda tokens: model(tokens)[:, -1], why
-    from geolens.model.fast import fast_logits
-
-    return engine, lambda tokens: fast_logits(model, tokens), why
+    return engine, lambda tokens: engine.logits(model, tokens), why
 
 
 def make_optimizer(model: GeoTransformer, capturable: bool = False) -> torch.optim.AdamW:
@@ -77,9 +60,9 @@ def preflight(cfg: GeoConfig, dev: torch.device, members: int = 1) -> str:
     memory here (a GeoError if not); warns about settings that are probably not what was meant.
     Returns the engine name."""
     engine, _ = choose_engine(cfg)
-    for message in training_warnings(cfg) + check_fits(cfg, engine, dev, members):
+    for message in training_warnings(cfg) + check_fits(cfg, engine.name, dev, members):
         warn(message)
-    return engine
+    return engine.name
 
 
 @contextmanager

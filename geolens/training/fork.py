@@ -29,6 +29,7 @@ from geolens.runs.run import Run
 from geolens.runs.runlock import NewRunClaim
 from geolens.runs.storage import BackgroundWriter, RunDir, load_tensors, read_metrics
 from geolens.training.controls import Controls
+from geolens.model.engines import Engine
 from geolens.training.engine import make_optimizer, select_forward, training_device
 from geolens.training.recording import load_optimizer_tensors, optimizer_tensors, run_header, write_checkpoint
 from geolens.training.train import SingleStep, TrainResult, resume
@@ -143,7 +144,7 @@ def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict |
     if _forward_changed(pcfg, cfg, step):
         rows[-1] = _evaluate_at(model, opt, engine, forward, data, step, rows[-1]["elapsed_s"])
     timing = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0, "write_s": 0.0, "epochs_timed": 0}
-    header = {**run_header(cfg, engine, why, len(data.train[1]), len(data.test[1]), step, prun.header,
+    header = {**run_header(cfg, engine.name, why, len(data.train[1]), len(data.test[1]), step, prun.header,
                            device=training_device(cfg)),
               "fork": lineage(prun, pcfg, cfg, step, mapping), "timing": timing}
     with NewRunClaim(out, force, "fork") as claim:  # run.json first, the resume state last: a fork killed
@@ -194,7 +195,7 @@ def _forward_changed(pcfg: GeoConfig, cfg: GeoConfig, step: int) -> bool:
     return tau[0] != tau[1]
 
 
-def _evaluate_at(model: GeoTransformer, opt, engine: str, forward, data, step: int, elapsed: float) -> dict:
+def _evaluate_at(model: GeoTransformer, opt, engine: Engine, forward, data, step: int, elapsed: float) -> dict:
     """The metrics row of `model` at `step` on the task's data (the training loop's evaluation with `forward`)."""
     single = SingleStep(model, opt, engine, forward, *data.train, *data.test)
     single.backward(record=True)

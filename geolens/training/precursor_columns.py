@@ -19,9 +19,9 @@ At the evaluated state (the weights the epoch's training forward used), over the
     loss_gap       test loss minus train loss
 
 `skipped_columns(cfg)` names the columns a config leaves NaN and why (run.json records it). The
-activations come from the engine: `eq_activations` (geolens.model.fast.fast_eq_forward, or the
-hooked forward's hook_resid_post / mlp.hook_post at `=`); the single fast run reuses the epoch's own
-training forward (training.train.SingleStep). The columns are tested equal between the engines.
+activations come from the engine (geolens.model.engines: Engine.eq_activations, the fast or deep forward
+or the hooked forward's hook_resid_post / mlp.hook_post at `=`); a single fast or deep run reuses the epoch's
+own training forward (Engine.train_forward). The columns are tested equal between the engines.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.model.config import GeoConfig
-from geolens.model.fast import fast_eq_forward, fast_unsupported_reason
+from geolens.model.engines import choose_engine
 from geolens.model.readout import unit_columns
 from geolens.model.spectrum import class_order, wl_energy
 from geolens.model.transformer import GeoTransformer
@@ -150,17 +150,10 @@ def neuron_logit_map(model: GeoTransformer) -> Float[Tensor, "d_mlp C"]:
 
 
 # ---- a model's columns at one state ------------------------------------------------------------
-@torch.no_grad()
 def eq_activations(model: GeoTransformer, tokens: Int[Tensor, "N P"]) -> tuple[Tensor, Tensor]:
-    """(residual stream after the last block [N, d_model], last MLP's activations [N, d_mlp]) at `=`:
-    fast_eq_forward where the fast path computes the model, else the hooked forward."""
-    if fast_unsupported_reason(model.cfg) is None:
-        values = fast_eq_forward(model, tokens, full=False).values
-        return values["resid_post"], values["mlp_post"]
-    last = model.cfg.n_layers - 1
-    names = [f"blocks.{last}.hook_resid_post", f"blocks.{last}.mlp.hook_post"]
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    return cache[names[0]][:, -1], cache[names[1]][:, -1]
+    """(residual stream after the last block [N, d_model], last MLP's activations [N, d_mlp]) at `=`, no
+    grad: by the fastest engine that computes the model (geolens.model.engines, 'auto')."""
+    return choose_engine(model.cfg, "auto")[0].eq_activations(model, tokens)
 
 
 class PrecursorProbe:

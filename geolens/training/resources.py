@@ -28,7 +28,7 @@ def estimate_bytes(cfg: GeoConfig, engine: str, members: int = 1) -> int:
         per_pair *= HOOKED_FACTOR
     params = 4 * 4 * (cfg.d_vocab * cfg.d_model + cfg.n_layers * (4 * cfg.d_model * cfg.n_heads * cfg.d_head
                       + 2 * cfg.d_model * cfg.d_mlp) + cfg.d_model * cfg.n_classes)  # weights, grads, AdamW moments
-    return int(FIXED_BYTES + members * (cfg.n_classes**2 * per_pair + params))
+    return int(FIXED_BYTES + members * (cfg.n_inputs * per_pair + params))
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -63,7 +63,7 @@ def check_fits(cfg: GeoConfig, engine: str, device: torch.device, members: int =
     size = f"{what}p = {cfg.p}" if cfg.task != "perm" else f"{what}S_{cfg.n_perm}"
     warnings = []
     if have is not None and need > have:
-        raise GeoError(f"this run needs about {need / 2**30:.1f} GiB of memory ({size}, {cfg.n_classes ** 2} input pairs, "
+        raise GeoError(f"this run needs about {need / 2**30:.1f} GiB of memory ({size}, {cfg.n_inputs} inputs, "
                        f"{engine} engine) but {have / 2**30:.1f} GiB is available on {device}; use a smaller p or "
                        "model, fewer sweep members, or a machine with more memory")
     if have is not None and need > 0.7 * have:
@@ -86,5 +86,5 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 def out_of_memory_error(cfg: GeoConfig, engine: str) -> GeoError:
     return GeoError(f"out of memory while training (estimated {estimate_bytes(cfg, engine) / 2**30:.1f} GiB for "
-                    f"{cfg.n_classes ** 2} input pairs); use a smaller p or model, or a machine with more memory")
+                    f"{cfg.n_inputs} inputs); use a smaller p or model, or a machine with more memory")
 

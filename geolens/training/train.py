@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from geolens.errors import GeoError, warn
 from geolens.model.config import GeoConfig
-from geolens.model.fast import fast_eq_forward, fast_logits
+from geolens.model.engines import Engine
 from geolens.model.schedule import parse_schedule
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
@@ -209,29 +209,23 @@ def _run_timing(timing: dict, prev: dict) -> dict:
 # ---- the single run ----------------------------------------------------------------------------
 class SingleStep:
     """Step of one model: its forward (select_forward's engine), mean cross-entropy, its AdamW. On an
-    evaluated epoch of the fast engine the training forward is fast_eq_forward's, reused for the
-    gradient (fast_logits(reuse=...), the same numbers), so the precursor columns read its activations."""
+    evaluated epoch the engine's train_forward hands the precursor columns the activations its forward
+    computed anyway (fast, deep); otherwise they are computed by its eq_activations."""
 
-    def __init__(self, model: GeoTransformer, opt: torch.optim.Optimizer, engine: str, forward, train_x, train_y,
+    def __init__(self, model: GeoTransformer, opt: torch.optim.Optimizer, engine: Engine, forward, train_x, train_y,
                  test_x, test_y):
         self.model, self.opt, self.engine, self.forward = model, opt, engine, forward
         self.train_x, self.train_y, self.test_x, self.test_y = train_x, train_y, test_x, test_y
         self.probe = PrecursorProbe(model, train_x)
 
     def backward(self, record: bool) -> None:
-        self.acts = None
-        if record and self.engine == "fast":
-            eq = fast_eq_forward(self.model, self.train_x, full=False)
-            self.acts = eq.values["resid_post"], eq.values["mlp_post"]
-            self.logits = fast_logits(self.model, self.train_x, reuse=(eq, None))
-        else:
-            self.logits = self.forward(self.train_x)
+        self.logits, self.acts = self.engine.train_forward(self.model, self.train_x, record)
         self.loss = F.cross_entropy(self.logits, self.train_y)
         self.opt.zero_grad(set_to_none=True)
         self.loss.backward()
 
     def evaluate(self, epoch: int, elapsed: float) -> list[dict]:
-        acts = self.acts or eq_activations(self.model, self.train_x)
+        acts = self.acts or self.engine.eq_activations(self.model, self.train_x)
         return [_evaluate(self.model, self.probe, self.forward, epoch, self.loss, self.logits, acts, self.train_y,
                           self.test_x, self.test_y, elapsed)]
 
@@ -295,7 +289,7 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
     train_x, train_y, test_x, test_y = (t.to(dev) for t in (*data.train, *data.test))
     engine, forward, why = select_forward(model)
     prev = run.read_header() if resumed else None
-    header = run_header(cfg, engine, why, len(train_y), len(test_y), start, prev, device=dev)
+    header = run_header(cfg, engine.name, why, len(train_y), len(test_y), start, prev, device=dev)
     if forecast is None and prev and "forecast" in prev:
         forecast = ThresholdRule(**prev["forecast"])
     if forecast is not None:
@@ -310,7 +304,7 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
             watch.add(new_rows[0])
         return " | ".join(filter(None, [run_stats(new_rows[0]), watch and watch.describe()]))
 
-    return run_epochs([member], step, start, resumed, engine, label, describe, progress)[0]
+    return run_epochs([member], step, start, resumed, engine.name, label, describe, progress)[0]
 
 
 @torch.no_grad()
