@@ -26,7 +26,7 @@ err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 # training options shared by `train` and `sweep`
 Preset = Annotated[Optional[str], typer.Option(help="ln, rms, none, sphere, fb, sphere_raw; modifiers +uniform, +fourier, "
                                                   "+notebook (default fb).")]
-Task = Annotated[Optional[str], typer.Option(help="add, sub, mul (Z_p) or perm (S_n).")]
+Task = Annotated[Optional[str], typer.Option(help="add, sub, mul (Z_p), perm (S_n) or add3 (Z_p sums of 3 operands, [a, b, c, =]).")]
 Modulus = Annotated[Optional[int], typer.Option("--p", help="Modulus (prime) for Z_p tasks.")]
 Lr = Annotated[Optional[float], typer.Option(help="AdamW learning rate.")]
 Wd = Annotated[Optional[float], typer.Option(help="Weight decay (on all parameters).")]

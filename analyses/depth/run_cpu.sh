@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Depth and placement experiments (docs/depth.md): Z_113 addition, lr 6e-4, Table 1's budgets (LayerNorm and
+# RMSNorm 15,000 epochs, the sphere and fully bounded 5,000; early stop 200 epochs after test accuracy holds
+# >= 0.99), seeds 1-5, one `geolens train` per run on one torch thread:
+#   lane one     1 layer:  ln_post ln_pre rms_pre sphere_post fb_post sphere_pre
+#   lane two     2 layers: the same six
+#   lane hybrid  2 layers, post-norm, the sphere preset's bounded readout and wd 1: norm=sphere,layernorm and
+#                norm=layernorm,sphere
+#   lane add3    2 layers, ln_post and fb_post on Z_p sums of 3 operands at p = 23 (12,167 inputs, 3,650 to
+#                train on: the cost of one Z_113 pair epoch; p = 113 has 1.4M inputs, beyond a CPU session)
+# Resumable: finished runs are skipped, killed ones continue from their last checkpoint. Records (run.json,
+# metrics.csv, events.json) are copied to results/depth/records after every run; `geolens table --runs
+# results/depth/records` and analyses/depth/tables.py tabulate them. SEEDS="1 2 3" narrows the seeds.
+#   bash analyses/depth/run_cpu.sh [LANE ...]      (default: one two hybrid add3, in order; two commands
+#   with different lanes use two cores). Refuses a dirty tree (analyses/clean_tree.sh).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source analyses/clean_tree.sh
+require_clean_tree
+py=${PYTHON:-.venv/bin/python}
+R=${RUNS:-runs/depth}
+SEEDS=${SEEDS:-"1 2 3 4 5"}
+lanes=("$@")
+[ ${#lanes[@]} -gt 0 ] || lanes=(one two hybrid add3)
+status=0
+
+finished() { [ -f "$1/run.json" ] && grep -q '"status": "finished"' "$1/run.json"; }
+collect() { "$py" analyses/reproduction/collect.py "$R" results/depth/records > /dev/null; }
+COMMON=(--lr 6e-4 --early-stop 200 --checkpoints every:1000 --quiet)
+
+# config NAME -> the preset and overrides of that configuration
+config() {
+    case $1 in
+    ln_post) echo "--preset ln" ;;
+    ln_pre) echo "--preset ln --set norm_placement=pre" ;;
+    rms_pre) echo "--preset rms --set norm_placement=pre" ;;
+    sphere_post) echo "--preset sphere" ;;
+    fb_post) echo "--preset fb" ;;
+    sphere_pre) echo "--preset sphere --set norm_placement=pre" ;;
+    sphere_ln_post) echo "--preset sphere --set norm=sphere,layernorm" ;;
+    ln_sphere_post) echo "--preset sphere --set norm=layernorm,sphere" ;;
+    *) echo "unknown configuration $1" >&2; exit 2 ;;
+    esac
+}
+epochs() { case $1 in ln_*|rms_*|*_ln_*|ln_sphere_*) echo 15000 ;; *) echo 5000 ;; esac; }
+
+# run LAYERS NAME SEED TASK P
+run() {
+    local layers=$1 name=$2 seed=$3 task=$4 p=$5
+    local out="$R/$task/L$layers/$name/seed_$seed"
+    if finished "$out"; then return; fi
+    echo "== $(date -Is) $out"
+    if [ -f "$out/resume.safetensors" ]; then
+        OMP_NUM_THREADS=1 "$py" -m geolens train --resume --out "$out" --quiet > /dev/null || status=1
+    else
+        # shellcheck disable=SC2046
+        OMP_NUM_THREADS=1 "$py" -m geolens train $(config "$name") --set n_layers="$layers" --task "$task" \
+            --p "$p" --seed "$seed" --epochs "$(epochs "$name")" "${COMMON[@]}" --out "$out" --force > /dev/null || status=1
+    fi
+    collect
+}
+
+SIX="ln_post ln_pre rms_pre sphere_post fb_post sphere_pre"
+for lane in "${lanes[@]}"; do
+    for s in $SEEDS; do
+        case $lane in
+        one) for c in $SIX; do run 1 "$c" "$s" add 113; done ;;
+        two) for c in $SIX; do run 2 "$c" "$s" add 113; done ;;
+        hybrid) for c in sphere_ln_post ln_sphere_post; do run 2 "$c" "$s" add 113; done ;;
+        add3) for c in ln_post fb_post; do run 2 "$c" "$s" add3 23; done ;;
+        *) echo "unknown lane $lane (one two hybrid add3)" >&2; exit 2 ;;
+        esac
+    done
+done
+exit $status
