@@ -10,7 +10,8 @@
 #                train on: the cost of one Z_113 pair epoch; p = 113 has 1.4M inputs, beyond a CPU session)
 # Resumable: finished runs are skipped, killed ones continue from their last checkpoint. Records (run.json,
 # metrics.csv, events.json) are copied to results/depth/records after every run; `geolens table --runs
-# results/depth/records` and analyses/depth/tables.py tabulate them. SEEDS="1 2 3" narrows the seeds.
+# results/depth/records` tabulates them. SEEDS="1 2 3" narrows the seeds, CONFIGS="fb_post sphere_post" the
+# configurations of lanes one and two (runs go seed by seed, so early seeds of every configuration come first).
 #   bash analyses/depth/run_cpu.sh [LANE ...]      (default: one two hybrid add3, in order; two commands
 #   with different lanes use two cores). Refuses a dirty tree (analyses/clean_tree.sh).
 set -uo pipefail
@@ -60,7 +61,7 @@ run() {
     collect
 }
 
-SIX="ln_post ln_pre rms_pre sphere_post fb_post sphere_pre"
+SIX=${CONFIGS:-"ln_post ln_pre rms_pre sphere_post fb_post sphere_pre"}
 for lane in "${lanes[@]}"; do
     for s in $SEEDS; do
         case $lane in
