@@ -316,8 +316,11 @@ def analyze(
     report = write_report(traj, _ints(at, "--at"), formats)
     console.print(f"{len(traj.steps)} checkpoints, {traj.computed} metric evaluations computed "
                   f"(the rest from cache); table {traj.out / 'metrics.csv'}; report {report}")
-    for name, reason in traj.skipped.items():
-        console.print(f"skipped {name}: {reason}")
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in traj.skipped.items():  # one line per reason: a pre-norm run skips most metrics alike
+        by_reason.setdefault(reason, []).append(name)
+    for reason, names in by_reason.items():
+        console.print(f"skipped {', '.join(names)}: {reason}")
 
 
 @app.command()

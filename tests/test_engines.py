@@ -237,6 +237,18 @@ def test_precursor_columns_of_the_deep_engine_equal_the_hooked_ones():
     for col, value in rows["hooked"].items():
         if col != "elapsed_s":
             assert rows["deep"][col] == pytest.approx(value, rel=2e-4, abs=1e-6, nan_ok=True), col
+    # the per-layer columns, from the hooked model's own hook points
+    per_layer = ["attn_var_L1", "attn_var_L2"] + [f"{c}_L{l}" for l in (0, 1) for c in ("erank_resid", "erank_mlp",
+                                                                                         "wl_gini", "wl_top5")]
+    assert all(c in rows["deep"] and rows["deep"][c] == rows["deep"][c] for c in per_layer)  # present, not NaN
+    _, cache = model.run_with_cache(data.train[0])
+    scores = cache["blocks.2.attn.hook_attn_scores"][:, :, -1]  # [N, H, key]
+    expected = scores.transpose(1, 2).flatten(0, 1).var(0, correction=0).mean()
+    assert rows["deep"]["attn_var_L2"] == pytest.approx(float(expected), rel=1e-4)
+    from geolens.training.precursor_columns import participation_ratio
+
+    x = cache["blocks.0.hook_resid_post"][:, -1]
+    assert rows["deep"]["erank_resid_L0"] == pytest.approx(float(participation_ratio(x)), rel=1e-4)
 
 
 def test_every_config_field_is_declared_by_the_deep_engine():
@@ -294,3 +306,22 @@ def test_a_killed_two_layer_sweep_resumes_to_the_uninterrupted_runs(tmp_path, as
     app(["sweep", *GRID, "--workers", "1", "--out", str(out)], standalone_mode=False)
     for m in MEMBERS:
         assert_identical_runs(tmp_path / "ref" / m, out / m)
+
+
+def test_a_fork_switches_one_layer_to_the_sphere(tmp_path):
+    """Per-layer topology at a fork: a 2-layer LayerNorm run continued with norm=sphere,layernorm (layer 0 and
+    the embedding's norm become the sphere): layer 0's LayerNorm parameters are dropped, everything else kept."""
+    from geolens.training.fork import fork
+
+    cfg = _cfg("ln-post-2", epochs=20, eval_every=5, checkpoints="every:10", lr=3e-3)
+    training.train(cfg, tmp_path / "parent", progress=False)
+    fork(tmp_path / "parent", 10, tmp_path / "arm", {"norm": "sphere,layernorm"}, progress=False)
+    arm, parent = load_run(tmp_path / "arm"), load_run(tmp_path / "parent")
+    mapping = arm.header["fork"]["mapping"]
+    assert sorted(mapping["dropped"]) == sorted(f"{m}.{leaf}" for m in ("embed_norm", "blocks.0.attn_norm",
+                                                                        "blocks.0.mlp_norm") for leaf in "wb")
+    assert mapping["added"] == [] and arm.header["fork"]["changes"]["norm"] == {"from": "layernorm",
+                                                                               "to": "sphere,layernorm"}
+    before, after = parent.model_at(10), arm.model_at(10)
+    assert torch.equal(before.blocks[1].mlp_norm.w, after.blocks[1].mlp_norm.w)
+    assert type(after.embed_norm).__name__ == "SphereNorm" and arm.metrics[-1]["epoch"] == 20

@@ -116,8 +116,8 @@ def test_transformer_lens_residual_tools_are_exact_on_pre_norm(preset):
 
 
 def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
-    """The fast engine, the post-norm metrics, probe and a fork across placements refuse it in one line;
-    training takes the deep engine and records every precursor column."""
+    """The fast engine, the post-norm metrics and probe refuse it in one line; training takes the deep engine
+    and records every precursor column; a fork switches it to post-norm with each norm's state mapped."""
     from geolens.analysis.registry import TOPOLOGY_AGNOSTIC, compute_metrics
     from geolens.model.fast import fast_unsupported_reason
     from geolens.model.engines import choose_engine
@@ -145,8 +145,19 @@ def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
     assert all(last[c] == last[c] for c in ("attn_var", "erank_resid", "erank_mlp", "wl_gini", "wn_norm"))  # not NaN
     r = geolens("probe", "--run", tmp_path / "pre", "--step", 20)
     assert r.returncode == 2 and "probe reads the circuit of post-norm models" in one_line_error(r.stderr)
-    r = geolens("fork", "--run", tmp_path / "pre", "--step", 20, "--set", "norm_placement=post", "--out", tmp_path / "f")
-    assert r.returncode == 2 and "norm_placement" in one_line_error(r.stderr)
+    r = geolens("fork", "--run", tmp_path / "pre", "--step", 20, "--set", "norm_placement=post", "--epochs", 30,
+                "--out", tmp_path / "f")
+    assert r.returncode == 0, r.stderr
+    fork = Run(tmp_path / "f")
+    renamed = fork.header["fork"]["mapping"]["renamed"]
+    assert renamed == {"blocks.0.ln1": "embed_norm", "blocks.0.ln2": "blocks.0.attn_norm",
+                       "blocks.1.ln1": "blocks.0.mlp_norm", "blocks.1.ln2": "blocks.1.attn_norm",
+                       "ln_final": "blocks.1.mlp_norm"}
+    parent, child = run.model_at(20), fork.model_at(20)
+    for old, new in renamed.items():  # each norm's gain and offset carried to the norm of the same sublayer input
+        assert torch.equal(getattr(parent.get_submodule(old), "w"), getattr(child.get_submodule(new), "w"))
+        assert torch.equal(getattr(parent.get_submodule(old), "b"), getattr(child.get_submodule(new), "b"))
+    assert fork.header["fork"]["mapping"]["added"] == [] and fork.metrics[-1]["epoch"] == 30
 
 
 def test_pre_norm_attention_variance_reads_ln1_of_the_embedding():

@@ -139,6 +139,8 @@ def _attend(cfg: GeoConfig, q: Tensor | None, k: Tensor | None, v: Float[Tensor,
         pattern = pattern.softmax(-1)[None, None, :, :, None]  # [1, 1, nq, n, 1]
     else:
         scores = (q.unsqueeze(3) * k.unsqueeze(2)).sum(-1) * (1.0 / math.sqrt(cfg.d_head))  # [M, B, nq, n, H]
+        if keep is not None:
+            keep[f"blocks.{layer}.attn.hook_attn_scores"] = scores[:, :, -1].transpose(2, 3)  # [M, B, H, n]
         if mask is not None:
             scores = scores.masked_fill(mask[:, :, None], float("-inf"))
         pattern = scores.softmax(3)
@@ -197,8 +199,8 @@ def _table_attention(cfg: GeoConfig, P: dict[str, Tensor], A0: Float[Tensor, "M 
 def _forward(cfg: GeoConfig, P: dict[str, Tensor], tokens: Int[Tensor, "M B n"], tau: float,
              keep: dict | None = None) -> Float[Tensor, "M B C"]:
     """Logits at `=` of the stacked parameters P {name: [M, *shape]} (module docstring). keep: a dict that
-    receives values at `=` by hook name (blocks.L.hook_resid_mid, mlp.hook_post, hook_resid_post,
-    attn.hook_pattern [M, B, n, H] over the keys)."""
+    receives values at `=` by hook name (blocks.L.mlp.hook_post, hook_resid_post, attn.hook_pattern
+    [M, B, n, H] over the keys, and for layers after the first attn.hook_attn_scores [M, B, H, n])."""
     M, B, n = tokens.shape
     V, D, H, dh, L = cfg.d_vocab, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.n_layers
     kinds, names = cfg.layer_norms, _Names(cfg)
@@ -304,6 +306,7 @@ def deep_forward_with_values(model, tokens: Int[Tensor, "batch n_ctx"]) -> tuple
 @torch.no_grad()
 def deep_eq_values(model, tokens: Int[Tensor, "batch n_ctx"]) -> dict[str, Tensor]:
     """Values at `=` by hook name (blocks.L.mlp.hook_post [B, d_mlp], blocks.L.hook_resid_post [B, D],
-    blocks.L.attn.hook_pattern [B, n_ctx, H]: the `=` query's pattern over the keys), and 'logits' [B, C]."""
+    blocks.L.attn.hook_pattern [B, n_ctx, H]: the `=` query's pattern over the keys, blocks.L.attn.hook_attn_scores
+    [B, H, n_ctx] for learned attention in layers after the first), and 'logits' [B, C]."""
     logits, values = deep_forward_with_values(model, tokens)
     return {**values, "logits": logits}

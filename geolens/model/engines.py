@@ -25,7 +25,18 @@ from geolens.model.deep import deep_eq_values, deep_forward_with_values, deep_lo
     stacked_deep_logits
 from geolens.model.fast import FastEq, fast_eq_forward, fast_logits, fast_unsupported_reason, stacked_fast_logits
 
-Acts = tuple[Tensor, Tensor]  # (residual stream after the last block [N, D], last MLP's activations [N, d_mlp]) at `=`
+Acts = dict[str, Tensor]  # activation_names(cfg) -> values at `=` (see there)
+
+
+def activation_names(cfg: GeoConfig) -> list[str]:
+    """The activations at `=` the precursor columns read, by hook name: every layer's blocks.L.hook_resid_post
+    [N, D] and blocks.L.mlp.hook_post [N, d_mlp]; with learned attention, blocks.L.attn.hook_attn_scores
+    [N, H, n_ctx] (the `=` query's scores over the keys) of every layer after the first (layer 0's come from
+    per-token tables, geolens.training.precursor_columns.eq_query_scores)."""
+    out = [f"blocks.{l}.{name}" for l in range(cfg.n_layers) for name in ("hook_resid_post", "mlp.hook_post")]
+    if cfg.attention == "learned":
+        out += [f"blocks.{l}.attn.hook_attn_scores" for l in range(1, cfg.n_layers)]
+    return out
 
 
 @dataclass(frozen=True)
@@ -58,26 +69,24 @@ def _fast_train_forward(model, tokens: Tensor, record: bool) -> tuple[Tensor, Ac
     if not record:
         return fast_logits(model, tokens), None
     eq = fast_eq_forward(model, tokens, full=False)  # its forward is reused for the gradient: the same numbers
-    return fast_logits(model, tokens, reuse=(eq, None)), (eq.values["resid_post"], eq.values["mlp_post"])
+    return fast_logits(model, tokens, reuse=(eq, None)), _fast_named(eq.values)
+
+
+def _fast_named(values: dict[str, Tensor]) -> Acts:
+    return {"blocks.0.hook_resid_post": values["resid_post"], "blocks.0.mlp.hook_post": values["mlp_post"]}
 
 
 @torch.no_grad()
 def _fast_acts(model, tokens: Tensor) -> Acts:
-    values = fast_eq_forward(model, tokens, full=False).values
-    return values["resid_post"], values["mlp_post"]
+    return _fast_named(fast_eq_forward(model, tokens, full=False).values)
 
 
 # ---- deep --------------------------------------------------------------------------------------
-def _last_acts(cfg: GeoConfig, values: dict[str, Tensor]) -> Acts:
-    last = cfg.n_layers - 1
-    return values[f"blocks.{last}.hook_resid_post"], values[f"blocks.{last}.mlp.hook_post"]
-
-
 def _deep_train_forward(model, tokens: Tensor, record: bool) -> tuple[Tensor, Acts | None]:
     if not record:
         return deep_logits(model, tokens), None
     logits, values = deep_forward_with_values(model, tokens)
-    return logits, _last_acts(model.cfg, values)
+    return logits, {name: values[name] for name in activation_names(model.cfg)}
 
 
 # ---- hooked ------------------------------------------------------------------------------------
@@ -88,10 +97,9 @@ def _hooked_stacked(model, params: dict[str, Tensor], tokens: list[Tensor]) -> T
 
 @torch.no_grad()
 def _hooked_acts(model, tokens: Int[Tensor, "N n_ctx"]) -> Acts:
-    last = model.cfg.n_layers - 1
-    names = [f"blocks.{last}.hook_resid_post", f"blocks.{last}.mlp.hook_post"]
+    names = activation_names(model.cfg)
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    return cache[names[0]][:, -1], cache[names[1]][:, -1]
+    return {n: cache[n][:, :, -1] if n.endswith("hook_attn_scores") else cache[n][:, -1] for n in names}
 
 
 ENGINES: tuple[Engine, ...] = (
@@ -100,7 +108,8 @@ ENGINES: tuple[Engine, ...] = (
            _fast_train_forward, _fast_acts, fast_eq_forward),
     Engine("deep", deep_unsupported_reason, deep_logits,
            lambda model, params, tokens: stacked_deep_logits(model.cfg, params, tokens, model.unembed.tau),
-           _deep_train_forward, lambda model, tokens: _last_acts(model.cfg, deep_eq_values(model, tokens))),
+           _deep_train_forward,
+           lambda model, tokens: {n: v for n, v in deep_eq_values(model, tokens).items() if n in activation_names(model.cfg)}),
     Engine("hooked", lambda cfg: None, lambda model, tokens: model(tokens)[:, -1], _hooked_stacked,
            lambda model, tokens, record: (model(tokens)[:, -1], None), _hooked_acts),
 )

@@ -42,11 +42,35 @@ REFUSED = {
     **{f: "the fork starts from the parent's weights, not from an initialisation" for f in ("seed", "init",
                                                                                             "fourier_init")},
     "eval_every": "the fork keeps the parent's evaluation record",
-    "norm_placement": "pre- and post-norm models have different norm modules (a mapping between them is not "
-                      "defined yet)",
 }
 #: fields whose change alters the forward at the fork step (its metrics row is then evaluated anew)
-FORWARD_FIELDS = ("norm", "unembed", "attention", "tau", "ln_eps", "rms_eps", "sphere_eps", "causal", "norm_clamp")
+FORWARD_FIELDS = ("norm", "norm_placement", "unembed", "attention", "tau", "ln_eps", "rms_eps", "sphere_eps", "causal",
+                  "norm_clamp")
+
+
+def placement_renames(parent: GeoConfig, cfg: GeoConfig) -> dict[str, str]:
+    """{parent norm module: fork norm module} when the fork switches norm_placement, else {}. Each norm is
+    matched with the one that normalises the input of the same sublayer: post embed_norm <-> pre blocks.0.ln1
+    (layer 0's attention), blocks.L.attn_norm <-> blocks.L.ln2 (layer L's MLP), blocks.L.mlp_norm <->
+    blocks.(L+1).ln1 (the next attention), the last mlp_norm <-> ln_final (the readout)."""
+    if parent.norm_placement == cfg.norm_placement:
+        return {}
+    L = cfg.n_layers
+    post_to_pre = {"embed_norm": "blocks.0.ln1"}
+    for layer in range(L):
+        post_to_pre[f"blocks.{layer}.attn_norm"] = f"blocks.{layer}.ln2"
+        post_to_pre[f"blocks.{layer}.mlp_norm"] = f"blocks.{layer + 1}.ln1" if layer + 1 < L else "ln_final"
+    return post_to_pre if cfg.norm_placement == "pre" else {v: k for k, v in post_to_pre.items()}
+
+
+def _renamed(name: str, renames: dict[str, str]) -> str:
+    """`name` (a parameter 'module.leaf' or an optimizer key 'opt.module.leaf.key') with its module renamed."""
+    prefix = "opt." if name.startswith("opt.") else ""
+    rest = name[len(prefix):]
+    for old, new in renames.items():
+        if rest.startswith(old + "."):
+            return prefix + new + rest[len(old):]
+    return name
 
 
 def forked_config(parent: GeoConfig, step: int, changes: dict) -> GeoConfig:
@@ -60,12 +84,16 @@ def forked_config(parent: GeoConfig, step: int, changes: dict) -> GeoConfig:
     return cfg
 
 
-def map_state(new: GeoTransformer, weights: dict[str, Tensor], opt_state: dict[str, Tensor]
-              ) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, list[str]]]:
-    """The parent's weights and optimizer state (opt.<param>.<key>) mapped onto model `new`'s parameters:
-    a parameter both have keeps the parent's value and AdamW state; one only `new` has keeps new's
-    initial value and no AdamW state (moments at zero, as for a fresh optimizer); one only the parent
-    has is dropped. Returns (weights, optimizer state, {'added': [...], 'dropped': [...]})."""
+def map_state(new: GeoTransformer, weights: dict[str, Tensor], opt_state: dict[str, Tensor],
+              renames: dict[str, str] | None = None) -> tuple[dict[str, Tensor], dict[str, Tensor], dict]:
+    """The parent's weights and optimizer state (opt.<param>.<key>) mapped onto model `new`'s parameters,
+    after renaming the parent's norm modules by `renames` (placement_renames): a parameter both have keeps
+    the parent's value and AdamW state; one only `new` has keeps new's initial value and no AdamW state
+    (moments at zero, as for a fresh optimizer); one only the parent has is dropped. Returns (weights,
+    optimizer state, {'added': [...], 'dropped': [...]} plus 'renamed': renames when there are any)."""
+    renames = renames or {}
+    weights = {_renamed(k, renames): v for k, v in weights.items()}
+    opt_state = {_renamed(k, renames): v for k, v in opt_state.items()}
     own = new.state_dict()
     out, added = {}, []
     for name, value in own.items():
@@ -80,7 +108,7 @@ def map_state(new: GeoTransformer, weights: dict[str, Tensor], opt_state: dict[s
     dropped = [name for name in weights if name not in own]
     keep = {f"opt.{name}." for name, _ in new.named_parameters() if name not in added}
     opt = {k: v for k, v in opt_state.items() if any(k.startswith(prefix) for prefix in keep)}
-    return out, opt, {"added": added, "dropped": dropped}
+    return out, opt, {"added": added, "dropped": dropped, **({"renamed": renames} if renames else {})}
 
 
 def parent_optimizer_state(run: RunDir, step: int) -> dict[str, Tensor]:
@@ -132,7 +160,8 @@ def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict |
                        "what is damaged")
 
     model = GeoTransformer(cfg)  # initial values of the parameters the new config adds
-    weights, opt_state, mapping = map_state(model, prun.dir.load_checkpoint(step), opt_state)
+    weights, opt_state, mapping = map_state(model, prun.dir.load_checkpoint(step), opt_state,
+                                            placement_renames(pcfg, cfg))
     model.load_state_dict(weights)
     opt = make_optimizer(model)
     load_optimizer_tensors(model, opt, opt_state)

@@ -9,6 +9,9 @@ At the evaluated state (the weights the epoch's training forward used), over the
     attn_var_h{h}  variance of the first layer's attention logits of the `=` query (pre-softmax
                    scores onto a, b and `=`) over every (train example, key) pair, head h; attn_var
                    their mean over heads. NaN with uniform attention (it has no scores).
+    attn_var_L{l}  (n_layers > 1) the same mean for layer l >= 1; erank_resid_L{l}, erank_mlp_L{l},
+                   wl_gini_L{l}, wl_top5_L{l} the columns below for layer l < n_layers - 1 (W_L of layer l:
+                   the direct path of its neurons to the logits)
     erank_resid    participation ratio (sum_i l_i)^2 / sum_i l_i^2 of the eigenvalues l_i of the
                    covariance of the residual stream at `=` after the last block, over the train
                    examples (1 for one direction, k for k equal ones; from the Gram matrix, no
@@ -66,10 +69,14 @@ def group_norms(names: list[str], squared: list[float]) -> dict[str, float]:
 
 
 def column_names(cfg: GeoConfig) -> list[str]:
-    """The precursor columns of a config's metrics rows, in metrics.csv order."""
+    """The precursor columns of a config's metrics rows, in metrics.csv order (per-layer columns only for
+    n_layers > 1: attn_var_L{l} of the layers after the first, the last layer's quantities for the others)."""
     heads = [f"attn_var_h{h}" for h in range(cfg.n_heads)]
+    L = cfg.n_layers
+    layers = [f"attn_var_L{l}" for l in range(1, L)]
+    layers += [f"{c}_L{l}" for l in range(L - 1) for c in ("erank_resid", "erank_mlp", "wl_gini", "wl_top5")]
     return [f"wn_{g}" for g in GROUPS] + ["logit_rms", "logit_margin", "attn_var", *heads, "erank_resid",
-                                          "erank_mlp", "wl_gini", "wl_top5", "loss_gap"]
+                                          "erank_mlp", "wl_gini", "wl_top5", *layers, "loss_gap"]
 
 
 def skipped_columns(cfg: GeoConfig) -> dict[str, str]:
@@ -79,7 +86,7 @@ def skipped_columns(cfg: GeoConfig) -> dict[str, str]:
         out.update({c: "uniform attention has no attention logits" for c in column_names(cfg) if c.startswith("attn_var")})
     order, why = class_order(cfg)
     if order is None:
-        out.update({"wl_gini": why, "wl_top5": why})
+        out.update({c: why for c in column_names(cfg) if c.startswith(("wl_gini", "wl_top5"))})
     return out
 
 
@@ -142,17 +149,19 @@ def wl_concentration(W_L: Float[Tensor, "d_mlp n"]) -> Float[Tensor, "2"]:
     return torch.stack([gini(energy), energy.topk(min(WL_TOP, energy.numel())).values.sum() / energy.sum()])
 
 
-def neuron_logit_map(model: GeoTransformer) -> Float[Tensor, "d_mlp C"]:
-    """W_L = W_out @ W_U of the last block (unit-norm W_U columns for the bounded readout): model.W_L
-    without its division by the config's tau, so a tau schedule does not change its rounding."""
+def neuron_logit_map(model: GeoTransformer, layer: int = -1) -> Float[Tensor, "d_mlp C"]:
+    """W_L = W_out @ W_U of block `layer` (default the last; unit-norm W_U columns for the bounded readout): the
+    direct path of its neurons to the logits, model.W_L without its division by the config's tau, so a tau
+    schedule does not change its rounding."""
     W_U = model.unembed.W_U.detach()
-    return model.blocks[-1].mlp.W_out.detach() @ (unit_columns(W_U) if model.unembed.bounded else W_U)
+    return model.blocks[layer].mlp.W_out.detach() @ (unit_columns(W_U) if model.unembed.bounded else W_U)
 
 
 # ---- a model's columns at one state ------------------------------------------------------------
-def eq_activations(model: GeoTransformer, tokens: Int[Tensor, "N P"]) -> tuple[Tensor, Tensor]:
-    """(residual stream after the last block [N, d_model], last MLP's activations [N, d_mlp]) at `=`, no
-    grad: by the fastest engine that computes the model (geolens.model.engines, 'auto')."""
+def eq_activations(model: GeoTransformer, tokens: Int[Tensor, "N P"]) -> dict[str, Tensor]:
+    """The activations at `=` the columns read (geolens.model.engines.activation_names: every layer's residual
+    stream and MLP activations, later layers' attention scores), no grad: by the fastest engine that
+    computes the model (geolens.model.engines, 'auto')."""
     return choose_engine(model.cfg, "auto")[0].eq_activations(model, tokens)
 
 
@@ -169,19 +178,28 @@ class PrecursorProbe:
         self.eq_token = int(train_x[0, -1])
 
     @torch.no_grad()
-    def values(self, model: GeoTransformer, logits: Float[Tensor, "N C"], acts: tuple[Tensor, Tensor]) -> Tensor:
-        """[logit_rms, logit_margin, attn_var, attn_var_h*, erank_resid, erank_mlp, wl_gini, wl_top5]
-        at this state: logits the train logits, acts eq_activations of the train set (NaN where skipped)."""
+    def values(self, model: GeoTransformer, logits: Float[Tensor, "N C"], acts: dict[str, Tensor]) -> Tensor:
+        """[logit_rms, logit_margin, attn_var, attn_var_h*, erank_resid, erank_mlp, wl_gini, wl_top5, then the
+        per-layer columns] at this state: logits the train logits, acts eq_activations of the train set (NaN
+        where skipped)."""
         nan = logits.new_full((), float("nan"))
-        H = self.cfg.n_heads
-        if self.cfg.attention == "uniform":
+        H, L = self.cfg.n_heads, self.cfg.n_layers
+        uniform = self.cfg.attention == "uniform"
+        if uniform:
             attn = nan.expand(H + 1)
         else:
             var = attention_logit_variance(eq_query_scores(model, self.eq_token), self.train_x)
             attn = torch.cat([var.mean()[None], var])
-        wl = nan.expand(2) if self.order is None else wl_concentration(neuron_logit_map(model)[:, self.order])
-        ranks = torch.stack([participation_ratio(a) for a in acts])
-        return torch.cat([logit_scale(logits.detach()), attn, ranks, wl])
+
+        def layer(l: int) -> list[Tensor]:  # [erank_resid, erank_mlp, wl_gini, wl_top5] of layer l
+            wl = nan.expand(2) if self.order is None else wl_concentration(neuron_logit_map(model, l)[:, self.order])
+            ranks = [participation_ratio(acts[f"blocks.{l}.{n}"]) for n in ("hook_resid_post", "mlp.hook_post")]
+            return [torch.stack(ranks), wl]
+
+        later_attn = [nan if uniform else acts[f"blocks.{l}.attn.hook_attn_scores"].transpose(1, 2).flatten(0, 1)
+                      .var(0, correction=0).mean() for l in range(1, L)]
+        per_layer = ([torch.stack(later_attn)] if later_attn else []) + [t for l in range(L - 1) for t in layer(l)]
+        return torch.cat([logit_scale(logits.detach()), attn, *layer(L - 1), *per_layer])
 
     def row(self, values: list[float], squared: list[float], train_loss: float, test_loss: float) -> dict[str, float]:
         """The columns of one metrics row: values (self.values, as floats), squared (each parameter's
