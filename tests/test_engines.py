@@ -325,3 +325,29 @@ def test_a_fork_switches_one_layer_to_the_sphere(tmp_path):
     before, after = parent.model_at(10), arm.model_at(10)
     assert torch.equal(before.blocks[1].mlp_norm.w, after.blocks[1].mlp_norm.w)
     assert type(after.embed_norm).__name__ == "SphereNorm" and arm.metrics[-1]["epoch"] == 20
+
+
+def test_layer_spectrum_reads_each_layers_direct_path():
+    """A 2-layer model whose layer-0 MLP writes a pure frequency-3 pattern onto the logits and whose layer-1 MLP
+    a pure frequency-7 one: the per-layer key frequencies are 3 and 7, each with all of its layer's energy."""
+    import math
+
+    from geolens.analysis import compute_metrics
+
+    cfg = _cfg("ln-post-2")
+    model = GeoTransformer(cfg)
+    p, Dm = cfg.p, cfg.d_mlp
+    classes = torch.arange(p, dtype=torch.float64)
+    phases = torch.rand(Dm, 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2 * math.pi
+    with torch.no_grad():
+        W_U = model.unembed.W_U.double()
+        for layer, k in ((0, 3), (1, 7)):
+            target = torch.cos(2 * math.pi * k * classes / p + phases)  # [d_mlp, C]
+            model.blocks[layer].mlp.W_out.copy_((target @ torch.linalg.pinv(W_U)).float())
+    rows, skipped = compute_metrics(model, cfg, make_dataset(cfg), names=["layer_spectrum"])
+    row = rows["layer_spectrum"]
+    assert (row["layer_spectrum_L0_key_1"], row["layer_spectrum_L1_key_1"]) == (3, 7)
+    assert row["layer_spectrum_L0_share"] > 0.999 and row["layer_spectrum_L1_share"] > 0.999
+    one = cfg.replace(n_layers=1)
+    assert "one layer" in compute_metrics(GeoTransformer(one), one, make_dataset(one), names=["layer_spectrum"])[1][
+        "layer_spectrum"]

@@ -125,3 +125,19 @@ def test_key_stability_is_the_first_step_of_the_final_key_set(traj):
     assert keys_settled(replace(traj, steps=sorted(values), values=values)) == 20  # as sets; order does not count
     assert keys_settled(replace(traj, steps=[0], values={0: ranked(1, 2, 3, 4, 5)})) == 0
     assert keys_settled(replace(traj, steps=[0], values={0: {}})) is None
+
+
+def test_a_two_layer_report_has_one_row_of_panels_per_layer(tmp_path):
+    cfg = make_config("fb", n_layers=2, epochs=60, eval_every=10, checkpoints="every:20", seed=1, **SMALL)
+    training.train(cfg, tmp_path / "run", progress=False)
+    traj = analyze_run(load_run(tmp_path / "run"), progress=False)
+    spec = {s.name: s for s in build_figures(traj)}["layers"]
+    titles = [p.title for p in spec.panels]
+    assert titles == [f"layer {l}: {what}" for l in (0, 1) for what in
+                      ("MLP direct path W_out W_U, top-key share", "MLP neurons on one frequency")]
+    for layer in (0, 1):  # each panel plots the metric table's per-layer series
+        line = spec.panels[2 * layer].traces[0]
+        assert (line.x, line.y) == tuple(map(list, traj.series("layer_spectrum", f"layer_spectrum_L{layer}_share")))
+        assert all(0 <= v <= 1 for v in line.y) and line.x == traj.steps
+    attention = {s.name: s for s in build_figures(traj)}["attention"]
+    assert [p.title.split(": ")[0].split(", ")[1] for p in attention.panels][:2] == ["layer 0", "layer 1"]

@@ -135,6 +135,14 @@ class AnalysisContext:
         return fourier.cyclic_frame(self.cfg)
 
     @functools.cached_property
+    def W_L_readout(self) -> Tensor:
+        """[d_model, C] the matrix model.W_L multiplies the last W_out by (W_U, or its unit-norm columns
+        when bounded): W_out[L] @ this is layer L's direct path to the logits."""
+        with torch.no_grad():
+            W = self.model.unembed.readout_matrix()
+            return (W / self.cfg.tau if self.model.unembed.bounded else W).detach()
+
+    @functools.cached_property
     def W_L_group(self) -> Tensor:
         """[d_mlp, n] W_L with classes in group order."""
         return self.W_L[:, self.frame.order]

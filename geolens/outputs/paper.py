@@ -32,7 +32,7 @@ class OneOf:
 
 
 #: the paper's model and split (init: PyTorch-default distributions, or the notebooks' exact tensors)
-PAPER_MODEL: dict[str, Any] = dict(n_layers=1, d_model=128, n_heads=4, d_head=32, d_mlp=512, tau=10.0, frac_train=0.3,
+PAPER_MODEL: dict[str, Any] = dict(n_layers=1, norm_placement="post", d_model=128, n_heads=4, d_head=32, d_mlp=512, tau=10.0, frac_train=0.3,
                                    causal=False, init=OneOf(("paper", "notebook")))
 ADAMW = dict(beta1=0.9, beta2=0.999)
 ADAMW_UNIFORM = dict(beta1=0.9, beta2=0.98)  # the uniform-attention notebook

@@ -73,6 +73,21 @@ def fig_progress(traj: Trajectory) -> FigureSpec:
     return FigureSpec("progress", "Progress measures over training", panels)
 
 
+def fig_layers(traj: Trajectory) -> FigureSpec | None:
+    """One row of panels per layer (models of two or more layers): the top-key share of the layer's MLP
+    direct path to the logits and its neuron FVE over training (metric layer_spectrum)."""
+    if traj.run.config.n_layers < 2 or not any("layer_spectrum" in traj.values[s] for s in traj.steps):
+        return None
+    panels = []
+    for layer in range(traj.run.config.n_layers):
+        pre = f"layer_spectrum_L{layer}"
+        share, fve = (Line(*traj.series("layer_spectrum", f"{pre}_{name}"), label, mode="lines+markers")
+                      for name, label in (("share", "top-key share"), ("fve_neuron_frac", "neurons > 0.85")))
+        panels.append(Panel(f"layer {layer}: MLP direct path W_out W_U, top-key share", [share], "epoch", "share"))
+        panels.append(Panel(f"layer {layer}: MLP neurons on one frequency", [fve], "epoch", "fraction"))
+    return FigureSpec("layers", "Per layer: Fourier concentration of each MLP's direct path and neurons", panels, cols=2)
+
+
 def clock_pizza_regions(y: list[float]) -> list[Region]:
     """The pizza and clock regions of the (distance irrelevance, gradient symmetricity) plane, tall
     enough for the symmetricities y."""
@@ -146,7 +161,7 @@ def fig_attention(traj: Trajectory, contexts: dict) -> FigureSpec:
 
 def build_figures(traj: Trajectory, at: list[int] | None = None) -> list[FigureSpec]:
     contexts = step_contexts(traj, report_steps(traj, at))
-    specs = [fig_training(traj), fig_spectrum(traj), fig_progress(traj), fig_clock_pizza(traj),
+    specs = [fig_training(traj), fig_spectrum(traj), fig_progress(traj), fig_layers(traj), fig_clock_pizza(traj),
              fig_circles(traj, contexts), fig_attention(traj, contexts)]
     return [s for s in specs if s is not None and s.panels]
 

@@ -1,0 +1,136 @@
+"""The depth and placement onset table of docs/depth.md, from the records analyses/depth/run_cpu.sh trains.
+
+    python analyses/depth/table.py [RECORDS] [--out results/depth/depth_table.md]
+
+One row per configuration (preset, placement, per-layer norms, task), one column group per depth: the
+onset (first evaluated epoch with test accuracy > 0.95, every evaluated epoch) mean ± std over the seeds with
+an onset, its bootstrap 95% interval (outputs.stats, scipy.stats.bootstrap), the seeds without an onset
+within their budget, and the paper's one-layer row (Table 1, lr 6e-4) where one exists. Then the tests the
+verdicts of docs/depth.md rest on, each a one-sided Mann-Whitney U (scipy.stats.mannwhitneyu) on the
+per-seed onsets, a seed without an onset ranked after every onset (censored at its budget): does a
+configuration grok earlier than LayerNorm at the same depth and placement, and does depth change a
+configuration's onset. Provenance notes (runset.found_runs) say which commits trained the records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from scipy.stats import mannwhitneyu
+
+from geolens.outputs.paper import paper_tables
+from geolens.outputs.stats import summarize
+from geolens.outputs.tables import Rule
+from geolens.runs.runset import found_runs
+
+RULE = Rule()  # test accuracy > 0.95, every evaluated epoch
+PAPER_ROWS = {"ln_post": ("layernorm", 1.0), "sphere_post": ("bounded_sphere", 1.0), "fb_post": ("bounded_sphere", 0.0)}
+ORDER = ["ln_post", "ln_pre", "rms_pre", "sphere_post", "fb_post", "sphere_pre", "sphere_ln_post", "ln_sphere_post"]
+
+
+def config_key(cfg) -> str:
+    """The run_cpu.sh name of a configuration: ln_post, sphere_pre, sphere_ln_post (a hybrid), ..."""
+    if cfg.hybrid:
+        return "_".join("ln" if n == "layernorm" else n for n in cfg.layer_norms) + f"_{cfg.norm_placement}"
+    base = {"layernorm": "ln", "rmsnorm": "rms", "none": "none"}.get(cfg.norm, "fb" if cfg.weight_decay == 0 else "sphere")
+    return f"{base}_{cfg.norm_placement}"
+
+
+def collect(root: Path) -> tuple[dict[tuple[str, str, int], list[tuple[int | None, int]]], list[str]]:
+    """{(task label, config key, n_layers): [(onset or None, final epoch) per seed]} and the provenance notes."""
+    runs, notes = found_runs(root)
+    out: dict[tuple[str, str, int], list[tuple[int | None, int]]] = {}
+    for run in sorted(runs, key=lambda r: (r.config.task_label, config_key(r.config), r.config.n_layers, r.config.seed)):
+        if run.header.get("status") != "finished":
+            continue
+        cfg = run.config
+        out.setdefault((cfg.task_label, config_key(cfg), cfg.n_layers), []).append(
+            (RULE.onset(run.metrics), run.metrics[-1]["epoch"]))
+    return out, notes
+
+
+def cell(seeds: list[tuple[int | None, int]] | None) -> str:
+    if not seeds:
+        return "-"
+    onsets = [o for o, _ in seeds if o is not None]
+    failed = len(seeds) - len(onsets)
+    fail = f"; {failed} without onset (budget {max(e for o, e in seeds if o is None):,})" if failed else ""
+    if not onsets:
+        return f"none of {len(seeds)}{fail}"
+    s = summarize(onsets)
+    sd = f" ± {s.std:,.0f}" if s.n > 1 else ""
+    ci = f" [{s.ci_lo:,.0f}, {s.ci_hi:,.0f}]" if s.n > 1 else ""
+    return f"{s.mean:,.0f}{sd}{ci} (n={s.n}{fail})"
+
+
+def ranked(seeds: list[tuple[int | None, int]]) -> list[float]:
+    """Onsets, a seed without one as +inf (after every onset)."""
+    return [math.inf if o is None else float(o) for o, _ in seeds]
+
+
+def earlier(a: list[tuple[int | None, int]], b: list[tuple[int | None, int]]) -> str:
+    """One-sided Mann-Whitney U p-value that a's onsets come earlier than b's ('-' when either has < 2 seeds)."""
+    if len(a) < 2 or len(b) < 2:
+        return "-"
+    x, y = ranked(a), ranked(b)
+    big = max(v for v in x + y if v != math.inf) + 1 if any(v != math.inf for v in x + y) else 1.0
+    x, y = [big if v == math.inf else v for v in x], [big if v == math.inf else v for v in y]
+    return f"{mannwhitneyu(x, y, alternative='less').pvalue:.3g}"
+
+
+def paper_cell(key: str) -> str:
+    if key not in PAPER_ROWS:
+        return "-"
+    name, wd = PAPER_ROWS[key]
+    row = next(r for r in paper_tables()["table1_zp_addition_p113"]["rows"]
+               if r["config"] == name and r["wd"] == wd and r["lr"] == 6e-4)
+    return f"{row['mean']:,} ± {row['std']:,}"
+
+
+def build(root: Path) -> str:
+    data, notes = collect(root)
+    tasks = sorted({t for t, _, _ in data})
+    lines = ["| task | configuration | 1 layer: onset mean ± std [95% CI] | 2 layers | paper, 1 layer (Table 1, lr 6e-4) |",
+             "| --- | --- | --- | --- | --- |"]
+    for task in tasks:
+        keys = sorted({k for t, k, _ in data if t == task}, key=lambda k: ORDER.index(k) if k in ORDER else 99)
+        for key in keys:
+            lines.append(f"| {task} | {key} | {cell(data.get((task, key, 1)))} | {cell(data.get((task, key, 2)))} | "
+                         f"{paper_cell(key) if task == 'add p=113' else '-'} |")
+    tests = ["", "One-sided Mann-Whitney U on the per-seed onsets (a seed without an onset ranks last):", "",
+             "| task | question | layers | p |", "| --- | --- | --- | --- |"]
+    for task in tasks:
+        for layers in (1, 2):
+            for placement in ("post", "pre"):
+                ln = data.get((task, f"ln_{placement}", layers))
+                for key in sorted({k for t, k, L in data if t == task and L == layers and k.endswith(placement)}):
+                    if ln and not key.startswith("ln_") and data.get((task, key, layers)):
+                        tests.append(f"| {task} | {key} earlier than ln_{placement} | {layers} | "
+                                     f"{earlier(data[(task, key, layers)], ln)} |")
+        for key in sorted({k for t, k, _ in data if t == task}):
+            one, two = data.get((task, key, 1)), data.get((task, key, 2))
+            if one and two:
+                tests.append(f"| {task} | {key}: 2 layers earlier than 1 | 2 vs 1 | {earlier(two, one)} |")
+                tests.append(f"| {task} | {key}: 1 layer earlier than 2 | 1 vs 2 | {earlier(one, two)} |")
+    body = "\n".join(lines + tests)
+    if notes:
+        body += "\n\nNotes:\n\n" + "\n".join(f"- {n}" for n in notes)
+    return body + "\n"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("records", nargs="?", default="results/depth/records")
+    ap.add_argument("--out", default="results/depth/depth_table.md")
+    args = ap.parse_args(argv)
+    text = build(Path(args.records))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
