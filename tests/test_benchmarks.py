@@ -105,3 +105,17 @@ def test_bench_depth_runs_and_its_engines_agree(capsys):
     row = next(line.split() for line in out.splitlines() if line.split()[:2] == ["1", "post"])
     assert row[5] != "-" and float(row[8].rstrip("x")) == round(bench.ceiling(bench.make_config("ln", p=23)), 2)
     assert "end to end, 2 layers pre-norm, 20 epochs" in out and "deep" in out
+
+
+def test_the_deep_engines_count_is_the_exact_count_plus_its_bags():
+    """geolens.model.deep.deep_flops (what training's time estimate uses) does the exact-computation count of the
+    benchmark plus layer 0's embedding bag (n * nq * H rows of d_model per example), forward x1, with backward x3."""
+    from geolens.model.config import make_config
+    from geolens.model.deep import deep_flops
+
+    bench = _load("bench_depth")
+    for L in (1, 2, 4):
+        cfg = make_config("ln", n_layers=L)
+        nq = 1 if L == 1 else 3
+        assert deep_flops(cfg, 10, backward=False) == 2 * 10 * (bench.exact_macs(cfg) + nq * 3 * 4 * 128)
+        assert deep_flops(cfg, 10) == 3 * deep_flops(cfg, 10, backward=False)

@@ -1,4 +1,5 @@
-"""The fast path (geolens.model.fast) against the hooked GeoTransformer: same logits, same gradients.
+"""The fast path (geolens.model.fast), and the deep engine on the same one-layer models, against the hooked
+GeoTransformer: same logits, same gradients.
 
 Every preset x modifier x task at small p and small widths, on the initial weights and on
 "trained-looking" weights (scaled embeddings and projections, non-trivial norm gains/offsets,
@@ -20,6 +21,7 @@ from geolens.model.config import GeoConfig, make_config
 from geolens.model.fast import fast_eq_forward, fast_flops, fast_logits, fast_unsupported_reason, stacked_fast_logits
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
+from geolens.model.deep import deep_logits
 from geolens.model.engines import choose_engine
 
 TOL = 1e-5
@@ -101,25 +103,32 @@ CASES = [
 ]
 
 
+#: the engines that serve these one-layer models, each checked by every case below (tests/test_engines.py covers
+#: the configurations only the deep engine serves)
+ENGINE_FORWARDS = {"fast": fast_logits, "deep": deep_logits}
+
+
+@pytest.mark.parametrize("engine", ENGINE_FORWARDS)
 @pytest.mark.parametrize("trained", [False, True], ids=["init", "trained"])
 @pytest.mark.parametrize("preset,task", CASES)
-def test_logits_and_every_gradient_match_hooked(preset, task, trained):
+def test_logits_and_every_gradient_match_hooked(preset, task, trained, engine):
     cfg = _config(preset, task, seed=3)
     assert fast_unsupported_reason(cfg) is None
     model = GeoTransformer(cfg)
     if trained:
         _trained_looking(model, seed=11)
     tokens, labels = make_dataset(cfg).train
-    _assert_close(_compare(model, tokens, labels))
+    _assert_close(_compare(model, tokens, labels, forward=ENGINE_FORWARDS[engine]))
 
 
+@pytest.mark.parametrize("engine", ENGINE_FORWARDS)
 @pytest.mark.parametrize("preset", ["ln", "fb", "rms+uniform"])
-def test_causal_models_match(preset):
+def test_causal_models_match(preset, engine):
     cfg = _config(preset, "add", causal=True)
     model = GeoTransformer(cfg)
     _trained_looking(model, seed=5)
     tokens, labels = make_dataset(cfg).train
-    _assert_close(_compare(model, tokens, labels))
+    _assert_close(_compare(model, tokens, labels, forward=ENGINE_FORWARDS[engine]))
 
 
 @pytest.mark.parametrize("preset", ["ln", "sphere+uniform"])

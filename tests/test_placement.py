@@ -185,3 +185,12 @@ def test_config_identity_is_stable_for_post_norm_runs_recorded_before_placement(
     before = {k: v for k, v in cfg.to_dict().items() if k != "norm_placement"}
     assert cfg.sha256() == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
     assert cfg.replace(norm_placement="pre").sha256() != cfg.sha256()
+
+
+def test_the_post_norm_decomposition_refuses_a_pre_norm_model():
+    from geolens.model.decompose import residual_parts
+
+    model = GeoTransformer(make_config("ln", norm_placement="pre", **SMALL))
+    _, cache = model.run_with_cache(make_dataset(model.cfg).tokens[:4])
+    with pytest.raises(GeoError, match="norm_placement = 'pre': use its run_with_cache's decompose_resid"):
+        residual_parts(model, lambda name: cache[name])

@@ -88,7 +88,12 @@ def norm_offset(cfg: GeoConfig, norm) -> Tensor | None:
 # ---- the chain of norms ---------------------------------------------------------------------------
 def norm_chain(model) -> list[tuple[object, str]]:
     """(norm module, its hook_scale name) in forward order: index 0 embed_norm, 2l + 1
-    blocks.l.attn_norm, 2l + 2 blocks.l.mlp_norm."""
+    blocks.l.attn_norm, 2l + 2 blocks.l.mlp_norm. Post-norm only (a GeoError for a pre-norm model, whose
+    stream is a plain sum: TransformerLens's own decompositions apply to it)."""
+    if model.cfg.norm_placement != "post":
+        raise GeoError(f"geolens.model.decompose carries parts through post-norms; this model is norm_placement = "
+                       f"'{model.cfg.norm_placement}': use its run_with_cache's decompose_resid / "
+                       "get_full_resid_decomposition (TransformerLens's, exact for pre-norm)")
     out = [(model.embed_norm, "embed_norm.hook_scale")]
     for l, block in enumerate(model.blocks):
         out += [(block.attn_norm, f"blocks.{l}.attn_norm.hook_scale"), (block.mlp_norm, f"blocks.{l}.mlp_norm.hook_scale")]

@@ -44,7 +44,7 @@ from geolens.model.config import ATTENTIONS, NORMS, PLACEMENTS, TASKS, UNEMBEDS,
 from geolens.model.fast import _mm
 from geolens.model.readout import bounded_readout
 
-__all__ = ["deep_unsupported_reason", "deep_logits", "stacked_deep_logits", "deep_eq_values"]
+__all__ = ["deep_unsupported_reason", "deep_logits", "stacked_deep_logits", "deep_eq_values", "deep_flops"]
 
 # every GeoConfig field is classified (tests/test_engines.py checks the cover): the choices this engine
 # computes, the fields read as values, and those that are no part of the forward
@@ -68,6 +68,20 @@ def deep_unsupported_reason(cfg: GeoConfig) -> str | None:
             if value not in supported:
                 return f"{field} = '{value}'; the deep engine supports {field} {', '.join(sorted(supported))}"
     return None
+
+
+def deep_flops(cfg: GeoConfig, n_examples: int, backward: bool = True) -> int:
+    """FLOPs (2 x multiply-adds) of the matmul-like work of one member's deep forward (x3 with the backward)
+    on n_examples: every position of the layers before the last but layer 0's attention (tables and an
+    embedding bag of n * nq * H rows per example), the last layer's keys and values at every position and
+    its query, output, MLP and readout at `=`."""
+    D, HD, Dm, n, C, L = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.d_mlp, cfg.n_ctx, cfg.d_vocab_out, cfg.n_layers
+    full = n * (4 * D * HD + 2 * D * Dm + 2 * n * HD)
+    nq0 = 1 if L == 1 else n
+    layer0 = nq0 * n * cfg.n_heads * D + (nq0 * 2 * D * Dm if L > 1 else 0)
+    middle = max(L - 2, 0) * full
+    last = (n * 2 * D * HD + D * HD + 2 * n * HD + HD * D if L > 1 else 0) + 2 * D * Dm + D * C
+    return 2 * n_examples * (layer0 + middle + last) * (3 if backward else 1)
 
 
 def _eps(cfg: GeoConfig, kind: str) -> float:
