@@ -351,3 +351,21 @@ def test_layer_spectrum_reads_each_layers_direct_path():
     one = cfg.replace(n_layers=1)
     assert "one layer" in compute_metrics(GeoTransformer(one), one, make_dataset(one), names=["layer_spectrum"])[1][
         "layer_spectrum"]
+
+
+def test_a_post_norm_hybrid_is_analysed_through_each_layers_own_norm():
+    """The direct logit attribution of a sphere-then-LayerNorm model adds up to its logit differences (each part
+    carried through the norm of its own layer), and the sphere check reads only the sphere layers' outputs."""
+    from geolens.analysis import compute_metrics
+
+    cfg = _cfg("hybrid-sphere-ln-post")
+    model = GeoTransformer(cfg)
+    _trained_looking(model, seed=3)
+    rows, skipped = compute_metrics(model, cfg, make_dataset(cfg))
+    assert skipped == {}
+    assert rows["dla"]["dla_recon_err"] < 1e-4
+    assert rows["resid_norm"]["resid_norm_sphere_err"] < 1e-5
+    three = make_config("ln", **ADD3)
+    rows, skipped = compute_metrics(GeoTransformer(three), three, make_dataset(three))
+    assert set(rows) == {"loss", "weight_norm", "softmax_collapse", "zero_loss_fraction", "nlm_cosine"}
+    assert all("task 'add3' (3 operands" in why for why in skipped.values())

@@ -116,8 +116,9 @@ def test_transformer_lens_residual_tools_are_exact_on_pre_norm(preset):
 
 
 def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
-    """The fast engine, the post-norm metrics and probe refuse it in one line; training takes the deep engine
-    and records every precursor column; a fork switches it to post-norm with each norm's state mapped."""
+    """The fast engine, the post-norm logit attribution and probe refuse it in one line; the other metrics run on
+    the model's own forward; training takes the deep engine and records every precursor column; a fork switches
+    it to post-norm with each norm's state mapped."""
     from geolens.analysis.registry import TOPOLOGY_AGNOSTIC, compute_metrics
     from geolens.model.fast import fast_unsupported_reason
     from geolens.model.engines import choose_engine
@@ -129,9 +130,16 @@ def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
     assert choose_engine(one)[0].name == "deep"
     with pytest.raises(GeoError, match="norm_placement = 'pre'; the fast path supports norm_placement post"):
         choose_engine(one.replace(engine="fast"))
-    rows, skipped = compute_metrics(GeoTransformer(cfg), cfg, make_dataset(cfg))
-    assert set(rows) == set(TOPOLOGY_AGNOSTIC) and "keyfreq_wl_fft" in skipped
-    assert all("not yet served for norm_placement = 'pre'" in why for why in skipped.values())
+    model, data = GeoTransformer(cfg), make_dataset(cfg)
+    rows, skipped = compute_metrics(model, cfg, data)
+    assert list(skipped) == ["dla"] and "not served for norm_placement = 'pre'" in skipped["dla"]
+    assert TOPOLOGY_AGNOSTIC < set(rows) and {"keyfreq_wl_fft", "restricted_loss", "attn_eq", "layer_spectrum"} < set(rows)
+    # what the placement-free metrics read is the pre-norm model's own forward: its logits and patterns
+    logits, cache = model.run_with_cache(data.tokens)
+    acc = float((logits[:, -1].argmax(-1) == data.labels)[data.test_idx].float().mean())
+    assert rows["loss"]["acc_test"] == pytest.approx(acc)
+    pattern = cache["blocks.1.attn.hook_pattern"][:, 0, -1].mean(0)  # head 0, the `=` query, mean over inputs
+    assert [rows["attn_eq"][f"attn_eq_{k}_L1H0"] for k in ("a", "b", "eq")] == pytest.approx(pattern.tolist(), abs=1e-6)
     args = ["--preset", "ln", "--p", "23", "--frac", "0.5", "--set", "d_model=32", "--set", "d_head=8", "--set", "d_mlp=64",
             "--set", "norm_placement=pre", "--set", "n_layers=2", "--epochs", "40", "--lr", "3e-3", "--checkpoints",
             "every:20", "--quiet"]

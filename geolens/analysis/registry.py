@@ -298,25 +298,27 @@ METRICS: dict[str, MetricSpec] = {
 }
 
 
-#: metrics whose definition and computation read nothing that depends on where the norms sit, which norm each
-#: layer has or how many operands an example has (the logits, the weights, the gradients)
+#: metrics whose definition and computation read nothing that depends on where the norms sit or how many
+#: operands an example has (the logits, the weights, the gradients)
 TOPOLOGY_AGNOSTIC = frozenset({"loss", "weight_norm", "softmax_collapse", "zero_loss_fraction", "nlm_cosine"})
+#: metrics computed with the post-norm stream's formulas (each part carried through the norms that replace the
+#: stream): not served for pre-norm models, where TransformerLens's own decompositions apply
+POST_NORM_ONLY = frozenset({"dla"})
 
 
 def topology_reason(name: str, cfg: GeoConfig) -> str | None:
-    """Why metric `name` is not computed for this model's topology (None: it is). The metrics outside
-    TOPOLOGY_AGNOSTIC were written for post-norm models with one norm ([a, b, =] inputs: their Fourier
-    grids are over pairs); pre-norm, hybrid and 3-operand models are declared not yet served rather than
-    given those formulas."""
+    """Why metric `name` is not computed for this model's topology (None: it is). The metrics read the logits,
+    the weights and the activations at `=` by hook name, which every depth, placement and hybrid has; the
+    direct logit attribution (POST_NORM_ONLY) is written for the post-norm stream and is declared not served
+    for pre-norm models rather than given those formulas; 3-operand tasks run only TOPOLOGY_AGNOSTIC (the
+    others are built on the [a, b] grid)."""
     if name in TOPOLOGY_AGNOSTIC:
         return None
-    if cfg.norm_placement != "post":
-        return (f"not yet served for norm_placement = '{cfg.norm_placement}' (written for the post-norm stream); "
-                "TransformerLens's ActivationCache tools apply to pre-norm runs (run_with_cache)")
-    if cfg.hybrid:
-        return f"not yet served for per-layer norms (norm = '{cfg.norm}'; written for one norm throughout)"
     if cfg.n_operands != 2:
         return f"not yet served for task '{cfg.task}' ({cfg.n_operands} operands; written for [a, b, =] grids)"
+    if cfg.norm_placement != "post" and name in POST_NORM_ONLY:
+        return (f"not served for norm_placement = '{cfg.norm_placement}' (written for the post-norm stream); "
+                "TransformerLens's cache.logit_attrs on decompose_resid applies to pre-norm runs")
     return None
 
 
