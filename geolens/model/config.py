@@ -21,6 +21,7 @@ PLACEMENTS = ("post", "pre")
 UNEMBEDS = ("raw", "bounded")
 ATTENTIONS = ("learned", "uniform")
 INITS = ("paper", "notebook", "tl")
+OPTIMIZERS = ("adamw", "sgd", "muon")
 TASKS = ("add", "sub", "mul", "perm", "add3")
 ENGINES = ("auto", "hooked", "fast", "deep")
 
@@ -60,6 +61,10 @@ class GeoConfig:
     beta1: float = 0.9
     beta2: float = 0.999
     weight_decay: float = 1.0
+    optimizer: str = "adamw"  # adamw | sgd | muon (geolens.training.optimizers)
+    momentum: float = 0.9  # SGD's momentum
+    muon_lr: float = 0.02  # Muon's learning rate (its groups; AdamW's is lr)
+    muon_momentum: float = 0.95
     epochs: int = 5000
     eval_every: int = 10
     checkpoints: str = "adaptive"
@@ -157,6 +162,7 @@ class GeoConfig:
         _choice("unembed", self.unembed, UNEMBEDS)
         _choice("attention", self.attention, ATTENTIONS)
         _choice("init", self.init, INITS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("engine", self.engine, ENGINES)
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise GeoError(f"device = {self.device!r} is not a device; use cpu, cuda or cuda:N")
@@ -175,6 +181,10 @@ class GeoConfig:
             raise GeoError(f"frac_train = {self.frac_train} leaves the {empty} split empty ({n_train} train / {n_test} "
                            f"test of {self.n_inputs} inputs); choose --frac so that both splits hold examples")
         _positive_finite("lr", self.lr)
+        _positive_finite("muon_lr", self.muon_lr)
+        for name in ("momentum", "muon_momentum"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise GeoError(f"{name} = {getattr(self, name)} must lie in [0, 1)")
         _positive_finite("tau", self.tau)
         for name in ("ln_eps", "rms_eps", "sphere_eps"):
             _positive_finite(name, getattr(self, name))
@@ -254,7 +264,7 @@ class GeoConfig:
 
 
 #: fields added after fork identities were first recorded: hashed by sha256 only when not at their default
-HASHED_UNLESS_DEFAULT = ("norm_placement",)
+HASHED_UNLESS_DEFAULT = ("norm_placement", "optimizer", "momentum", "muon_lr", "muon_momentum")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(GeoConfig) if f.name in HASHED_UNLESS_DEFAULT}
 
 

@@ -53,7 +53,8 @@ DEEP_CHOICES = (("norm", NORMS), ("norm_placement", PLACEMENTS), ("unembed", UNE
 DEEP_VALUE_FIELDS = frozenset({"n_layers", "d_model", "n_heads", "d_head", "d_mlp", "tau", "ln_eps", "rms_eps",
                                "sphere_eps", "causal", "p", "n_perm"})
 DEEP_IGNORED_FIELDS = frozenset({"frac_train", "data_seed", "fourier_init", "init", "seed", "lr", "beta1", "beta2",
-                                 "weight_decay", "epochs", "eval_every", "checkpoints", "early_stop_after", "engine",
+                                 "weight_decay", "optimizer", "momentum", "muon_lr", "muon_momentum", "epochs",
+                                 "eval_every", "checkpoints", "early_stop_after", "engine",
                                  "device", "preset", "schedule", "norm_clamp"})
 
 

@@ -105,7 +105,8 @@ FAST_VALUE_FIELDS = frozenset({"d_model", "n_heads", "d_head", "d_mlp", "tau", "
                                "causal"})
 # no part of the forward (the task and the split give the tokens; init and training settings the weights)
 FAST_IGNORED_FIELDS = frozenset({"task", "p", "n_perm", "frac_train", "data_seed", "fourier_init", "init", "seed",
-                                 "lr", "beta1", "beta2", "weight_decay", "epochs", "eval_every", "checkpoints",
+                                 "lr", "beta1", "beta2", "weight_decay", "optimizer", "momentum", "muon_lr",
+                                 "muon_momentum", "epochs", "eval_every", "checkpoints",
                                  "early_stop_after", "engine", "device", "preset", "schedule",
                                  "norm_clamp"})
 _CHOICES = (("norm", FAST_NORMS), ("unembed", FAST_READOUTS), ("attention", FAST_ATTENTIONS),

@@ -1,7 +1,7 @@
 """Interventions inside a training loop: hyperparameter schedules and the weight-norm clamp.
 
-Controls(cfg, model, opt) acts on one member: `before(epoch)` sets the lr and weight decay of the
-step at `epoch` and the readout temperature of the forward at `epoch` (geolens.model.hyperschedule:
+Controls(cfg, model, opt) acts on one member: `before(epoch)` sets the lr (each parameter group's as its
+optimizer defines it: optimizers.group_lr) and weight decay of the step at `epoch` and the readout temperature of the forward at `epoch` (geolens.model.hyperschedule:
 pure functions of the epoch, so resumed and forked runs follow the schedule exactly); `clamp()`
 rescales every parameter by one factor so that their total L2 norm is cfg.norm_clamp (called after
 every optimizer step, and on the first state a loop records). Without a schedule or a clamp both
@@ -15,6 +15,7 @@ import torch
 from geolens.model.config import GeoConfig
 from geolens.model.hyperschedule import parse_hyper_schedule
 from geolens.model.transformer import GeoTransformer
+from geolens.training.optimizers import group_lr
 
 
 class Controls:
@@ -30,9 +31,10 @@ class Controls:
         if not self.scheduled:
             return
         s, cfg = self.schedule, self.cfg
-        for group in self.opt.param_groups:
-            group["lr"] = s.value("lr", cfg.lr, epoch)
-            group["weight_decay"] = s.value("weight_decay", cfg.weight_decay, epoch)
+        lr, wd = s.value("lr", cfg.lr, epoch), s.value("weight_decay", cfg.weight_decay, epoch)
+        for group in self.opt.param_groups:  # each group's lr as its optimizer defines it (Muon's from muon_lr)
+            group["lr"] = group_lr(group, cfg, lr)
+            group["weight_decay"] = wd
         self.model.unembed.tau = s.value("tau", cfg.tau, epoch)
 
     def clamp(self) -> None:

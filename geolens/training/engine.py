@@ -2,7 +2,7 @@
 
 training_device: cfg.device as a torch.device (refused if this torch cannot see it). select_forward: the
 engine geolens.model.engines.choose_engine picks (fast, deep or hooked) and its forward as tokens -> logits
-at `=`. make_optimizer: the fused AdamW every
+at `=`. make_optimizer: the optimizer (geolens.training.optimizers) every
 training path uses. preflight: the checks made before anything is written (engine, memory, warnings);
 out_of_memory_as_error: an allocation failure as a one-line GeoError. Used by geolens.training.train,
 geolens.training.batched and the benchmarks.
@@ -46,13 +46,11 @@ def select_forward(model: GeoTransformer) -> tuple[Engine, Callable[[Tensor], Te
     return engine, lambda tokens: engine.logits(model, tokens), why
 
 
-def make_optimizer(model: GeoTransformer, capturable: bool = False) -> torch.optim.AdamW:
-    """AdamW with the config's hyperparameters, fused (one kernel for all parameters; deterministic,
-    so a resumed run still equals an uninterrupted one bit for bit); capturable: its step can be
-    recorded in a CUDA graph."""
-    cfg = model.cfg
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
-                             weight_decay=cfg.weight_decay, fused=True, capturable=capturable)
+def make_optimizer(model: GeoTransformer, capturable: bool = False):
+    """The run's optimizer (cfg.optimizer: geolens.training.optimizers.make_optimizer, fused AdamW by default)."""
+    from geolens.training.optimizers import make_optimizer as build
+
+    return build(model, capturable)
 
 
 def preflight(cfg: GeoConfig, dev: torch.device, members: int = 1) -> str:

@@ -2,8 +2,9 @@
 
 prepare_fork(parent, step, out, changes) writes OUT as a run directory paused at epoch `step`: the
 parent's records before it (metrics rows, checkpoints and their optimizer states, copied), the
-fork's own state at `step` (the parent's weights and AdamW state mapped onto the new config by
-map_state, held at the norm clamp if one is set), its metrics row there (the parent's, or evaluated
+fork's own state at `step` (the parent's weights and optimizer state mapped onto the new config by
+map_state, held at the norm clamp if one is set; a fork that switches optimizer starts it fresh, recorded in
+the mapping), its metrics row there (the parent's, or evaluated
 anew when the change alters the forward at `step`), that checkpoint, the resume state, and run.json
 with the new config and the lineage (`fork`: parent path and identity, step, changes, mapping).
 fork() continues it with the ordinary resume, so a fork without changes is bit for bit the parent's
@@ -162,6 +163,9 @@ def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict |
     model = GeoTransformer(cfg)  # initial values of the parameters the new config adds
     weights, opt_state, mapping = map_state(model, prun.dir.load_checkpoint(step), opt_state,
                                             placement_renames(pcfg, cfg))
+    if pcfg.optimizer != cfg.optimizer:  # never one optimizer's state in another: the new one starts fresh
+        opt_state = {}
+        mapping["optimizer"] = {"from": pcfg.optimizer, "to": cfg.optimizer, "state": "fresh"}
     model.load_state_dict(weights)
     opt = make_optimizer(model)
     load_optimizer_tensors(model, opt, opt_state)

@@ -99,7 +99,8 @@ def optimizer_tensors(model: GeoTransformer, opt: torch.optim.Optimizer) -> dict
     out = {}
     for name, param in model.named_parameters():
         for key, value in opt.state.get(param, {}).items():
-            out[f"opt.{name}.{key}"] = value if isinstance(value, Tensor) else torch.tensor(value)
+            if value is not None:  # SGD without momentum keeps momentum_buffer = None
+                out[f"opt.{name}.{key}"] = value if isinstance(value, Tensor) else torch.tensor(value)
     return out
 
 
@@ -112,8 +113,8 @@ def load_optimizer_tensors(model: GeoTransformer, opt: torch.optim.Optimizer, te
             opt.state[param] = state
 
 
-def from_resume_state(cfg: GeoConfig, state: dict[str, Tensor], dev: torch.device) -> tuple[GeoTransformer, torch.optim.AdamW]:
-    """The model (on `dev`) and its AdamW with the weights and optimizer state of a resume state."""
+def from_resume_state(cfg: GeoConfig, state: dict[str, Tensor], dev: torch.device):
+    """The model (on `dev`) and its optimizer (cfg.optimizer) with the weights and optimizer state of a resume state."""
     model = GeoTransformer(cfg)
     model.load_state_dict({k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")})
     model.to(dev)

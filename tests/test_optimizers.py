@@ -1,0 +1,86 @@
+"""Optimizers (geolens.training.optimizers): AdamW, SGD, Muon with AdamW; which parameters each takes,
+schedules per parameter group, resume bit for bit in every engine, forks that switch optimizer, bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from geolens.model.config import make_config
+from geolens.model.transformer import GeoTransformer
+from geolens.runs.run import load_run
+from geolens.runs.storage import load_tensors
+from geolens.training import train as training
+from geolens.training.controls import Controls
+from geolens.training.fork import fork
+from geolens.training.optimizers import Combined, make_optimizer
+
+SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, lr=3e-3)
+
+
+def test_muon_takes_the_mlp_matrices_and_adamw_the_rest():
+    model = GeoTransformer(make_config("ln", optimizer="muon", **SMALL))
+    opt = make_optimizer(model)
+    assert isinstance(opt, Combined)
+    muon, adamw = opt.parts
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert sorted(names[id(p)] for g in muon.param_groups for p in g["params"]) == ["blocks.0.mlp.W_in", "blocks.0.mlp.W_out"]
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    assert "blocks.0.attn.W_Q" in {names[id(p)] for g in adamw.param_groups for p in g["params"]}  # 3-D: AdamW
+    assert [g["lr"] for g in opt.param_groups] == [0.02, 3e-3]
+    assert isinstance(make_optimizer(GeoTransformer(make_config("ln", optimizer="sgd", **SMALL))), torch.optim.SGD)
+
+
+def test_a_schedule_scales_each_group_as_its_optimizer_defines_it():
+    cfg = make_config("ln", optimizer="muon", schedule=["lr=1.5e-3@10:20", "weight_decay=3@10:20"], **SMALL)
+    model = GeoTransformer(cfg)
+    opt = make_optimizer(model)
+    Controls(cfg, model, opt).before(12)
+    muon, adamw = opt.param_groups
+    assert adamw["lr"] == 1.5e-3 and muon["lr"] == pytest.approx(0.02 * 0.5)  # halved, each from its own base
+    assert muon["weight_decay"] == adamw["weight_decay"] == 3.0
+    Controls(cfg, model, opt).before(25)
+    assert (muon["lr"], adamw["lr"]) == (0.02, 3e-3)
+
+
+def _tensors(path):
+    run = load_run(path)
+    return {**run.model_at(run.steps[-1]).state_dict(), **load_tensors(path / "resume.safetensors")}, run.metrics
+
+
+@pytest.mark.parametrize("optimizer,n_layers", [("muon", 1), ("sgd", 1), ("muon", 2)])
+def test_resume_equals_uninterrupted_bit_for_bit(tmp_path, optimizer, n_layers):
+    """In the fast (one layer) and the deep engine (two): the optimizer's state is in the resume state."""
+    cfg = make_config("ln", optimizer=optimizer, n_layers=n_layers, epochs=40, eval_every=5, checkpoints="every:10",
+                      seed=2, **SMALL)
+    training.train(cfg, tmp_path / "full", progress=False)
+    training.train(cfg.replace(epochs=20), tmp_path / "part", progress=False)
+    training.resume(tmp_path / "part", progress=False, epochs=40)
+    (a, ma), (b, mb) = _tensors(tmp_path / "full"), _tensors(tmp_path / "part")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert any(k.endswith("mlp.W_in.momentum_buffer") for k in a)
+    assert [{k: v for k, v in r.items() if k != "elapsed_s"} for r in ma] == \
+        [{k: v for k, v in r.items() if k != "elapsed_s"} for r in mb]
+
+
+def test_a_fork_that_switches_optimizer_starts_it_fresh(tmp_path):
+    cfg = make_config("ln", epochs=20, eval_every=5, checkpoints="every:10", seed=1, **SMALL)
+    training.train(cfg, tmp_path / "parent", progress=False)
+    fork(tmp_path / "parent", 10, tmp_path / "arm", {"optimizer": "muon"}, progress=False)
+    arm = load_run(tmp_path / "arm")
+    assert arm.header["fork"]["mapping"]["optimizer"] == {"from": "adamw", "to": "muon", "state": "fresh"}
+    at_fork = load_tensors(tmp_path / "arm" / "checkpoints" / "optim_0000010.safetensors")
+    assert not any(k.startswith("opt.") for k in at_fork)  # no AdamW moments carried into Muon
+    after = load_tensors(tmp_path / "arm" / "resume.safetensors")
+    assert "opt.blocks.0.mlp.W_in.momentum_buffer" in after and "opt.blocks.0.mlp.W_in.exp_avg" not in after
+    assert "opt.embed.W_E.exp_avg" in after  # the AdamW part of the new optimizer, fresh at the fork
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--set", "optimizer=adam"], "optimizer = 'adam' is not valid; choose one of adamw, sgd, muon"),
+    (["--set", "optimizer=sgd", "--set", "momentum=1.5"], "momentum = 1.5 must lie in [0, 1)"),
+    (["--set", "optimizer=muon", "--set", "muon_lr=0"], "muon_lr = 0.0 must be a finite number > 0"),
+])
+def test_bad_optimizer_settings_are_one_line(tmp_path, geolens, args, needle):
+    r = geolens("train", "--preset", "ln", "--p", "23", "--epochs", "5", *args, "--out", tmp_path / "r")
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
