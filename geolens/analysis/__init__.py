@@ -12,6 +12,6 @@ import geolens.errors, geolens.model, geolens.runs (reading runs) and, for Run.f
 geolens.training.fork; never sweeps or outputs.
 """
 
-from geolens.analysis.registry import METRICS, AnalysisContext, MetricSpec, compute_metrics, metric_versions
+from geolens.analysis.registry import METRICS, AnalysisContext, MetricSpec, compute_metrics, default_metrics, metric_versions
 
-__all__ = ["METRICS", "AnalysisContext", "MetricSpec", "compute_metrics", "metric_versions"]
+__all__ = ["METRICS", "AnalysisContext", "MetricSpec", "compute_metrics", "default_metrics", "metric_versions"]

@@ -24,7 +24,7 @@ from typing import Callable
 import torch.nn.functional as F
 from torch import Tensor
 
-from geolens.analysis import circuit, clockpizza, fve, geometry, health, keyfreq, progress_measures
+from geolens.analysis import circuit, clockpizza, fve, geometry, health, keyfreq, landscape, progress_measures
 from geolens.analysis.context import AnalysisContext
 from geolens.analysis.threads import torch_threads
 from geolens.errors import GeoError
@@ -119,6 +119,11 @@ def m_layer_spectrum(ctx: AnalysisContext) -> dict[str, float]:
         out.update({f"layer_spectrum_L{layer}_fve_neuron_{k}": v
                     for k, v in fve.fve_neuron(*keyfreq.neuron_freq_shares(acts)).items()})
     return out
+
+
+def m_sharpness(ctx: AnalysisContext) -> dict[str, float]:
+    x, y = ctx.dataset.train
+    return landscape.sharpness(ctx.model, x, y)
 
 
 def m_restricted_loss(ctx: AnalysisContext) -> dict[str, float]:
@@ -260,10 +265,11 @@ class MetricSpec:
     applies: Callable[[GeoConfig], str | None]
     doc: str
     uses_keys: bool = False  # reads the key frequencies (which pinning key_freqs changes)
+    opt_in: bool = False  # costly: computed only when named (geolens analyze --metrics NAME)
 
 
-def _spec(name, fn, applies, doc, version="1", uses_keys=False) -> MetricSpec:
-    return MetricSpec(name, fn, version, applies, doc, uses_keys)
+def _spec(name, fn, applies, doc, version="1", uses_keys=False, opt_in=False) -> MetricSpec:
+    return MetricSpec(name, fn, version, applies, doc, uses_keys, opt_in)
 
 
 METRICS: dict[str, MetricSpec] = {
@@ -289,6 +295,7 @@ METRICS: dict[str, MetricSpec] = {
         _spec("softmax_collapse", m_softmax_collapse, _always, "fraction of train examples with softmax denominator exactly 1"),
         _spec("zero_loss_fraction", m_zero_loss_fraction, _always, "fraction of train examples with loss exactly 0"),
         _spec("nlm_cosine", m_nlm_cosine, _always, "cos(-grad of train loss, parameters), total and per tensor"),
+        _spec("sharpness", m_sharpness, _always, "top eigenvalue of the training loss's Hessian (Lanczos on Hessian-vector products)", opt_in=True),
         _spec("dla", m_dla, _always, "direct logit attribution at `=` (correct minus mean others), mean over inputs"),
         _spec("attn_eq", m_attn_eq, _always, "mean attention of `=` onto a, b, = per head"),
         _spec("embed_circles", m_embed_circles, _cyclic, "energy share and roundness of the embeddings on each key plane", uses_keys=True),
@@ -300,7 +307,8 @@ METRICS: dict[str, MetricSpec] = {
 
 #: metrics whose definition and computation read nothing that depends on where the norms sit or how many
 #: operands an example has (the logits, the weights, the gradients)
-TOPOLOGY_AGNOSTIC = frozenset({"loss", "weight_norm", "softmax_collapse", "zero_loss_fraction", "nlm_cosine"})
+TOPOLOGY_AGNOSTIC = frozenset({"loss", "weight_norm", "softmax_collapse", "zero_loss_fraction", "nlm_cosine",
+                               "sharpness"})
 #: metrics computed with the post-norm stream's formulas (each part carried through the norms that replace the
 #: stream): not served for pre-norm models, where TransformerLens's own decompositions apply
 POST_NORM_ONLY = frozenset({"dla"})
@@ -326,7 +334,7 @@ def compute_metrics(
     model=None, cfg: GeoConfig | None = None, dataset: Dataset | None = None, names=None, key_freqs=None,
     num_threads: int | None = 1, context: AnalysisContext | None = None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
-    """Compute the named metrics (all by default) on one checkpoint.
+    """Compute the named metrics (default_metrics(): all but the opt-in ones) on one checkpoint.
 
     Returns (rows, skipped): rows[name] is the metric's flat dict of floats; skipped[name] is the
     reason a metric does not apply to this config. key_freqs pins the key frequencies (see
@@ -338,7 +346,7 @@ def compute_metrics(
     region stalls when the other core is busy, while one thread degrades gracefully
     (docs/performance.md).
     """
-    names = list(METRICS) if names is None else list(names)
+    names = default_metrics() if names is None else list(names)
     unknown = [n for n in names if n not in METRICS]
     if unknown:
         raise GeoError(f"unknown metric(s) {unknown}; known metrics: {', '.join(METRICS)}")
@@ -360,6 +368,11 @@ def compute_metrics(
                 continue
             rows[name] = {k: float(v) for k, v in spec.fn(context).items()}
     return rows, skipped
+
+
+def default_metrics() -> list[str]:
+    """The metrics computed when none are named: every registered one but the opt-in (costly) ones."""
+    return [name for name, spec in METRICS.items() if not spec.opt_in]
 
 
 def metric_versions() -> dict[str, str]:

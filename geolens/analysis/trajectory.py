@@ -271,9 +271,9 @@ def analyze_run(
     AUTO_WORKERS_MIN_STEPS checkpoints need computing, else 1 (in-process only). Scripts that use
     workers need the `if __name__ == "__main__":` guard (the spawn start method).
     out: the analysis folder (default RUN/analysis; see analysis_folder)."""
-    from geolens.analysis import METRICS, metric_versions
+    from geolens.analysis import METRICS, default_metrics, metric_versions
 
-    names = list(METRICS) if metrics is None else metrics
+    names = default_metrics() if metrics is None else metrics
     unknown = [n for n in names if n not in METRICS]
     if unknown:
         raise GeoError(f"unknown metric(s) {unknown}; known metrics: {', '.join(METRICS)}")

@@ -1,0 +1,51 @@
+"""The loss landscape at a checkpoint: sharpness against the exact Hessian of a tiny model; an opt-in metric."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from geolens.analysis import METRICS, compute_metrics, default_metrics
+from geolens.analysis.landscape import hessian_vector_product, sharpness
+from geolens.model.config import make_config
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
+
+TINY = dict(p=5, d_model=8, n_heads=2, d_head=4, d_mlp=8, frac_train=0.6)
+
+
+def _exact_hessian(model, x, y) -> torch.Tensor:
+    names = [n for n, _ in model.named_parameters()]
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    sizes, shapes = [params[n].numel() for n in names], [params[n].shape for n in names]
+
+    def loss(flat):
+        p = {n: c.view(s) for n, c, s in zip(names, flat.split(sizes), shapes)}
+        return F.cross_entropy(torch.func.functional_call(model, p, (x,))[:, -1], y)
+
+    return torch.autograd.functional.hessian(loss, torch.cat([params[n].reshape(-1) for n in names]), vectorize=True)
+
+
+@pytest.mark.parametrize("preset,over", [("ln", {}), ("fb", {}), ("rms", {"n_layers": 2, "norm_placement": "pre"})])
+def test_sharpness_is_the_exact_hessians_top_eigenvalue(preset, over):
+    cfg = make_config(preset, **TINY, **over)
+    model = GeoTransformer(cfg, seed=1).double()
+    x, y = make_dataset(cfg).train
+    H = _exact_hessian(model, x, y)
+    hvp, n = hessian_vector_product(model, x, y)
+    v = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(torch.from_numpy(hvp(v.numpy())), H @ v, rtol=1e-8, atol=1e-10)
+    top = float(torch.linalg.eigvalsh(H)[-1])
+    got = sharpness(model, x, y)
+    assert got["sharpness"] == pytest.approx(top, rel=1e-6) and got["sharpness_matvecs"] > 0
+    assert sharpness(model, x, y) == got  # the seeded start: the same estimate again
+
+
+def test_sharpness_is_opt_in():
+    assert METRICS["sharpness"].opt_in and "sharpness" not in default_metrics()
+    cfg = make_config("ln", **TINY)
+    model, data = GeoTransformer(cfg), make_dataset(cfg)
+    assert "sharpness" not in compute_metrics(model, cfg, data)[0]
+    rows, _ = compute_metrics(model, cfg, data, names=["sharpness"])
+    assert rows["sharpness"]["sharpness"] == pytest.approx(sharpness(model, *data.train)["sharpness"])
