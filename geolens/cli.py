@@ -339,6 +339,38 @@ def probe(
 
 
 @app.command()
+def barrier(
+    run: list[Path] = typer.Option(..., help="Run directory, twice: --run A --step K --run B --step L (B may be A)."),
+    step: list[int] = typer.Option(..., help="Checkpointed epoch of each --run, in the same order."),
+    points: int = typer.Option(21, help="Points on the line, alpha = 0 .. 1."),
+    out: Optional[Path] = typer.Option(None, help="Folder for barrier.json, .csv, .png, .svg (default: A/analysis/barriers)."),
+) -> None:
+    """Train and test loss along the straight line between two checkpoints, and the barrier height over the chord."""
+    from geolens.analysis.barrier import loss_barrier
+    from geolens.outputs.barrier_report import write_barrier
+    from geolens.runs.run import load_run
+
+    if len(run) != 2 or len(step) != 2:
+        raise GeoError(f"barrier takes two checkpoints, --run A --step K --run B --step L (got {len(run)} --run and "
+                       f"{len(step)} --step)")
+    if points < 2:
+        raise GeoError(f"--points {points}: the line needs at least its two end points")
+    runs = [load_run(r) for r in run]
+    for r, s in zip(runs, step):
+        if s not in r.steps:
+            raise GeoError(f"{r.path} has no checkpoint at epoch {s}; its checkpoints run {r.steps[0]}..{r.steps[-1]} "
+                           f"(`geolens info --run {r.path}` lists them)")
+    labels = tuple(f"{r.path.name}@{s}" for r, s in zip(runs, step))
+    b = loss_barrier(runs[0].model_at(step[0]), runs[1].model_at(step[1]), points, labels)
+    folder = out or runs[0].path / "analysis" / "barriers"
+    stem = f"barrier_{step[0]}_{runs[1].path.name}_{step[1]}"
+    paths = write_barrier(b, folder, stem)
+    console.print(f"barrier {labels[0]} -> {labels[1]}: train {b.barrier_train:.4g} (at alpha {b.argmax_train:.2f}), "
+                  f"test {b.barrier_test:.4g} (at alpha {b.argmax_test:.2f}); wrote {', '.join(str(p) for p in paths)}",
+                  markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command()
 def table(
     runs: Path = typer.Option(..., help="Folder searched recursively for run directories (any folder with run.json)."),
     paper: Optional[str] = typer.Option(None, help="table1, table2, table3, table4 or appendixB (default: every "

@@ -1,0 +1,73 @@
+"""`geolens barrier`: losses along the line between two checkpoints, the barrier height, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from geolens.analysis.barrier import height, loss_barrier
+from geolens.model.config import make_config
+from geolens.model.tasks import make_dataset
+from geolens.runs.run import load_run
+from geolens.training import train as training
+
+SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, lr=3e-3)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("barrier") / "a"
+    training.train(make_config("fb", epochs=100, eval_every=10, checkpoints="every:50", seed=1, **SMALL), path,
+                   progress=False)
+    return load_run(path)
+
+
+def test_height_is_the_largest_rise_over_the_chord():
+    alphas = [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert height([1.0, 2.0, 3.5, 2.0, 1.0], alphas) == (2.5, 0.5)  # chord at 1.0 everywhere
+    assert height([4.0, 3.0, 2.0, 1.0, 0.0], alphas) == (0.0, 0.0)  # on the chord: no barrier
+    assert height([4.0, 2.0, 1.0, 0.5, 0.0], alphas)[0] == 0.0  # below the chord: none either
+
+
+def test_a_checkpoint_with_itself_has_no_barrier(run):
+    m = run.model_at(50)
+    b = loss_barrier(m, run.model_at(50), n_alphas=5)
+    assert b.barrier_train == b.barrier_test == 0.0
+    assert len(set(b.train_loss)) == 1 and len(set(b.test_loss)) == 1
+
+
+def test_the_line_is_the_models_own_loss_at_the_interpolated_weights(run):
+    a, b = run.model_at(0), run.model_at(100)
+    line = loss_barrier(a, b, n_alphas=5)
+    x, y = make_dataset(a.cfg).train
+    mid = run.model_at(0)
+    with torch.no_grad():
+        for (name, p), q in zip(mid.named_parameters(), b.parameters()):
+            p.copy_(0.5 * p + 0.5 * q)
+        expected = float(F.cross_entropy(mid(x)[:, -1], y))
+    assert line.alphas == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert line.train_loss[2] == pytest.approx(expected, rel=1e-5)
+    assert line.train_loss[0] == pytest.approx(run.metrics[0]["train_loss"], rel=1e-5)
+    assert line.train_acc[-1] == pytest.approx(run.metrics[-1]["train_acc"])
+
+
+def test_the_command_writes_the_curve_and_refuses_other_models(run, tmp_path, geolens):
+    r = geolens("barrier", "--run", run.path, "--step", 0, "--run", run.path, "--step", 100, "--points", 3,
+                "--out", tmp_path / "b")
+    assert r.returncode == 0, r.stderr
+    record = json.loads((tmp_path / "b" / "barrier_0_a_100.json").read_text())
+    rows = (tmp_path / "b" / "barrier_0_a_100.csv").read_text().splitlines()
+    assert rows[0] == "alpha,train_loss,test_loss,train_acc,test_acc" and len(rows) == 4
+    assert [float(v) for v in rows[2].split(",")[:2]] == [record["alphas"][1], record["train_loss"][1]]
+    assert (tmp_path / "b" / "barrier_0_a_100.png").stat().st_size > 1000
+    other = tmp_path / "other"
+    training.train(make_config("ln", epochs=10, eval_every=10, checkpoints="every:10", seed=1, **SMALL), other,
+                   progress=False)
+    r = geolens("barrier", "--run", run.path, "--step", 0, "--run", other, "--step", 10, "--out", tmp_path / "c")
+    assert r.returncode == 2 and "different models or splits (norm: 'sphere' vs 'layernorm'" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "c").exists()
+    r = geolens("barrier", "--run", run.path, "--step", 0, "--out", tmp_path / "d")
+    assert r.returncode == 2 and "barrier takes two checkpoints" in r.stderr
