@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from geolens.analysis import METRICS, AnalysisContext, compute_metrics, metric_versions
+from geolens.analysis import METRICS, AnalysisContext, compute_metrics, default_metrics, metric_versions
 from geolens.analysis.context import last_position_forward
 from geolens.errors import GeoError
 from geolens.model.config import make_config
@@ -27,7 +27,7 @@ def test_untrained_p59_model_returns_every_metric():
     cfg = make_config("fb", p=59)  # the paper's dimensions
     rows, skipped = compute_metrics(GeoTransformer(cfg), cfg, make_dataset(cfg))
     assert skipped == {}
-    assert set(rows) == set(METRICS)
+    assert set(rows) == set(default_metrics())
     for name, row in rows.items():
         assert row, name
         assert all(isinstance(v, float) for v in row.values()), name
@@ -47,16 +47,16 @@ def test_permutations_skip_fourier_metrics_with_a_reason_and_run_the_rest():
     rows, skipped = _run("ln", task="perm", n_perm=4, **SMALL)
     fourier_names = {"wl_spectrum", "keyfreq_wl_fft", "keyfreq_neuron", "keyfreq_embed", "fve_paper", "fve_neuron", "restricted_loss",
                      "excluded_loss", "logit_cos_coeff", "truncated_logit_acc", "distance_irrelevance", "circularity",
-                     "clock_pizza", "embed_circles"}
+                     "clock_pizza", "embed_circles", "layer_spectrum"}
     assert set(skipped) == fourier_names
     assert all(r == "Fourier metrics need a cyclic group Z_p; task perm is S_4" for r in skipped.values())
-    assert set(rows) == set(METRICS) - fourier_names
+    assert set(rows) == set(default_metrics()) - fourier_names
     assert rows["loss"]["loss_train"] > 0 and "nlm_cosine" in rows["nlm_cosine"]
 
 
 def test_multiplication_runs_everything_and_subtraction_skips_the_verdict():
     rows, skipped = _run("sphere", task="mul", p=23, **SMALL)
-    assert skipped == {} and set(rows) == set(METRICS)
+    assert skipped == {} and set(rows) == set(default_metrics())
     assert all(1 <= rows["keyfreq_wl_fft"][f"keyfreq_wl_fft_{r}"] <= 11 for r in range(1, 6))  # period 22
     rows, skipped = _run("ln", task="sub", p=23, **SMALL)
     assert set(skipped) == {"clock_pizza"} and "commutative" in skipped["clock_pizza"]

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from geolens.analysis import METRICS, trajectory
+from geolens.analysis import METRICS, default_metrics, trajectory
 from geolens.analysis.run_analysis import load_run
 from geolens.analysis.trajectory import analyze_run
 from geolens.errors import GeoError
@@ -40,10 +40,10 @@ def test_table_has_every_metric_at_every_step_and_rerun_uses_cache(run_dir):
     run = load_run(run_dir)
     traj = analyze_run(run, progress=False)
     assert traj.steps == run.steps == [0, 40, 80, 120]
-    assert traj.skipped == {} and traj.computed == len(METRICS) * 4
+    assert traj.skipped == {} and traj.computed == len(default_metrics()) * 4
     rows = read_table(run_dir / "analysis" / "metrics.csv")
     for step in run.steps:
-        assert {r["metric"] for r in rows if int(r["step"]) == step} == set(METRICS)
+        assert {r["metric"] for r in rows if int(r["step"]) == step} == set(default_metrics())
     again = analyze_run(load_run(run_dir), progress=False)
     assert again.computed == 0
     assert json.dumps(again.values, sort_keys=True) == json.dumps(traj.values, sort_keys=True)  # NaN-safe
@@ -123,7 +123,7 @@ def test_worker_processes_give_the_same_values_and_cache_files(run_dir, tmp_path
     one_dir, two_dir = _copy_run(run_dir, tmp_path / "one"), _copy_run(run_dir, tmp_path / "two")
     one = analyze_run(load_run(one_dir), progress=False, workers=1)
     two = analyze_run(load_run(two_dir), progress=False, workers=2)
-    assert two.steps == one.steps and two.computed == one.computed == len(METRICS) * 4
+    assert two.steps == one.steps and two.computed == one.computed == len(default_metrics()) * 4
     assert json.dumps(two.values, sort_keys=True) == json.dumps(one.values, sort_keys=True)  # exact reprs, NaN-safe
     for name in ("metrics.csv", *(f"cache/step_{s:07d}.json" for s in one.steps)):
         assert (two_dir / "analysis" / name).read_bytes() == (one_dir / "analysis" / name).read_bytes()

@@ -50,12 +50,6 @@ def _clock_pizza(cfg: GeoConfig) -> str | None:
     return _cyclic(cfg)
 
 
-def _layers(cfg: GeoConfig) -> str | None:
-    if cfg.n_layers < 2:
-        return "one layer: keyfreq_wl_fft, wl_spectrum and fve_neuron are its layer's"
-    return _cyclic(cfg)
-
-
 # ---- metric functions (each: ctx -> flat dict of floats) ----------------------------------------
 def _ranked(prefix: str, values, n: int) -> dict[str, float]:
     """{prefix_1: values[0], ..., prefix_n: ...}, NaN where values has fewer entries."""
@@ -282,7 +276,7 @@ METRICS: dict[str, MetricSpec] = {
         _spec("keyfreq_embed", m_keyfreq_embed, _cyclic, "frequencies whose embedding Fourier norm exceeds max / 4"),
         _spec("fve_paper", m_fve_paper, _cyclic, "paper's FVE (percent) of the U and V projections per key", uses_keys=True),
         _spec("fve_neuron", m_fve_neuron, _cyclic, "per-neuron best-frequency energy share: fraction > 0.85 and mean"),
-        _spec("layer_spectrum", m_layer_spectrum, _layers, "per layer: key frequencies and top-k share of its MLP's direct path W_out[L] W_U, and its neuron FVE"),
+        _spec("layer_spectrum", m_layer_spectrum, _cyclic, "per layer: key frequencies and top-k share of its MLP's direct path W_out[L] W_U, and its neuron FVE"),
         _spec("restricted_loss", m_restricted_loss, _cyclic, "CE of the logits kept on the key cos/sin(w(a+b)) directions (test; train too)", uses_keys=True),
         _spec("excluded_loss", m_excluded_loss, _cyclic, "CE of the logits with the key directions removed (train; test too; all keys and per key)", uses_keys=True),
         _spec("weight_norm", m_weight_norm, _always, "sum of squared parameters, total and per tensor; Frobenius norm"),
