@@ -370,6 +370,43 @@ def barrier(
                   markup=False, highlight=False, soft_wrap=True)
 
 
+@app.command("llc-calibrate")
+def llc_calibrate(
+    run: Path = typer.Option(..., help="Run directory."),
+    step: int = typer.Option(..., help="Checkpointed epoch to sample around."),
+    lrs: str = typer.Option("1e-7,1e-6,1e-5", "--lr", help="Comma-separated SGLD step sizes."),
+    n_betas: str = typer.Option("10,30,100", "--n-beta", help="Comma-separated inverse temperatures n * beta."),
+    out: Optional[Path] = typer.Option(None, help="Folder for llc_calibration.md, .csv, .png, .svg "
+                                       "(default: RUN/analysis/llc_calibration_STEP)."),
+) -> None:
+    """Sweep the LLC sampler's step size x n_beta at one checkpoint: estimates, loss traces, which are stable."""
+    from geolens.analysis.llc import DEFAULT_LLC, calibrate
+    from geolens.outputs.llc_report import calibration_table, write_calibration
+    from geolens.runs.run import load_run
+
+    grid = [[_positive(v, flag) for v in text.split(",") if v.strip()] for text, flag in ((lrs, "--lr"), (n_betas, "--n-beta"))]
+    r = load_run(run)
+    if step not in r.steps:
+        raise GeoError(f"{r.path} has no checkpoint at epoch {step}; its checkpoints run {r.steps[0]}..{r.steps[-1]} "
+                       f"(`geolens info --run {r.path}` lists them)")
+    x, y = r.dataset.train
+    rows = calibrate(r.model_at(step), x, y, grid[0], grid[1], DEFAULT_LLC)
+    label = f"{r.path} at epoch {step}"
+    paths = write_calibration(rows, DEFAULT_LLC, label, out or r.path / "analysis" / f"llc_calibration_{step}")
+    console.print(calibration_table(rows, DEFAULT_LLC, label), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _positive(text: str, flag: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise GeoError(f"{flag} {text!r} is not a number; give comma-separated positive numbers (e.g. {flag} 1e-6,1e-5)") from None
+    if not value > 0:
+        raise GeoError(f"{flag} {value:g} must be > 0")
+    return value
+
+
 @app.command()
 def table(
     runs: Path = typer.Option(..., help="Folder searched recursively for run directories (any folder with run.json)."),

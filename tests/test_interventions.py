@@ -525,7 +525,7 @@ def test_a_run_written_before_schedules_existed_can_be_forked_with_one(parent, t
     import hashlib
     import shutil
 
-    from geolens.model.config import GeoConfig
+    from geolens.model.config import HASHED_UNLESS_DEFAULT, GeoConfig
 
     old = tmp_path / "old"
     shutil.copytree(parent, old)
@@ -538,6 +538,7 @@ def test_a_run_written_before_schedules_existed_can_be_forked_with_one(parent, t
     assert r.returncode == 0, r.stderr
     record = json.loads((tmp_path / "arm" / "run.json").read_text())["fork"]
     full = GeoConfig.from_dict(header["config"]).to_dict()
-    full.pop("norm_placement")  # hashed only off its default (config.HASHED_UNLESS_DEFAULT)
+    for key in HASHED_UNLESS_DEFAULT:  # hashed only off their defaults
+        full.pop(key)
     assert record["parent_identity"]["config_sha256"] == hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()
     assert record["changes"]["schedule"] == {"from": [], "to": ["weight_decay=2@100:110"]}

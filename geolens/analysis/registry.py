@@ -18,7 +18,7 @@ columns stay stable while the keys move; keyfreq_wl_fft_<r> says which frequency
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch.nn.functional as F
@@ -27,6 +27,7 @@ from torch import Tensor
 from geolens.analysis import circuit, clockpizza, fve, geometry, health, keyfreq, landscape, progress_measures
 from geolens.analysis.context import AnalysisContext
 from geolens.analysis.threads import torch_threads
+from geolens.analysis.llc import DEFAULT_LLC
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig
 from geolens.model.tasks import Dataset
@@ -112,6 +113,20 @@ def m_layer_spectrum(ctx: AnalysisContext) -> dict[str, float]:
         acts = ctx.frame.grid(ctx.eq[f"blocks.{layer}.mlp.hook_post"])
         out.update({f"layer_spectrum_L{layer}_fve_neuron_{k}": v
                     for k, v in fve.fve_neuron(*keyfreq.neuron_freq_shares(acts)).items()})
+    return out
+
+
+def m_llc(ctx: AnalysisContext) -> dict[str, float]:
+    from geolens.analysis import llc
+
+    x, y = ctx.dataset.train
+    out = {}
+    for component in (None, *llc.COMPONENTS):
+        res = llc.model_llc(ctx.model, x, y, llc.DEFAULT_LLC, component)
+        name = "llc" if component is None else f"llc_{component}"
+        out[name], out[f"{name}_std"] = res["llc"], res["llc_std"]
+    out["llc_init_loss"] = res["init_loss"]
+    out.update({f"llc_setting_{k}": float(v) for k, v in asdict(llc.DEFAULT_LLC).items()})
     return out
 
 
@@ -290,6 +305,8 @@ METRICS: dict[str, MetricSpec] = {
         _spec("zero_loss_fraction", m_zero_loss_fraction, _always, "fraction of train examples with loss exactly 0"),
         _spec("nlm_cosine", m_nlm_cosine, _always, "cos(-grad of train loss, parameters), total and per tensor"),
         _spec("sharpness", m_sharpness, _always, "top eigenvalue of the training loss's Hessian (Lanczos on Hessian-vector products)", opt_in=True),
+        _spec("llc", m_llc, _always, "local learning coefficient (devinterp SGLD), whole model and per component",
+              version="1:" + DEFAULT_LLC.key(), opt_in=True),
         _spec("dla", m_dla, _always, "direct logit attribution at `=` (correct minus mean others), mean over inputs"),
         _spec("attn_eq", m_attn_eq, _always, "mean attention of `=` onto a, b, = per head"),
         _spec("embed_circles", m_embed_circles, _cyclic, "energy share and roundness of the embeddings on each key plane", uses_keys=True),
@@ -302,7 +319,7 @@ METRICS: dict[str, MetricSpec] = {
 #: metrics whose definition and computation read nothing that depends on where the norms sit or how many
 #: operands an example has (the logits, the weights, the gradients)
 TOPOLOGY_AGNOSTIC = frozenset({"loss", "weight_norm", "softmax_collapse", "zero_loss_fraction", "nlm_cosine",
-                               "sharpness"})
+                               "sharpness", "llc"})
 #: metrics computed with the post-norm stream's formulas (each part carried through the norms that replace the
 #: stream): not served for pre-norm models, where TransformerLens's own decompositions apply
 POST_NORM_ONLY = frozenset({"dla"})

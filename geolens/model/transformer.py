@@ -419,6 +419,10 @@ class GeoTransformer(HookedRootModule):
             return out, cache_dict
         return out, GeoActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
 
+    def to(self, *args, print_details: bool = False, **kwargs) -> "GeoTransformer":  # type: ignore[override]
+        """nn.Module.to, accepting HookedTransformer's print_details keyword (code written for TL passes it)."""
+        return super().to(*args, **kwargs)
+
     # ---- text <-> tokens (the task's vocabulary: operands, then `=`) ----
     def to_tokens(self, input) -> Int[Tensor, "batch n_ctx"]:
         """Tokens [batch, n_ctx] = [a, b, =] of one example or a list: '17 + 42 =' (operator and '='
@@ -539,6 +543,20 @@ class GeoTransformer(HookedRootModule):
         directions = self.unembed.readout_matrix().T[tokens]
         w = getattr(self.ln_final, "w", None) if self.pre_norm else None
         return directions if w is None else directions * w
+
+
+def param_group(name: str) -> str:
+    """The group of a GeoTransformer parameter: embed (W_E, W_pos), attn (W_Q, W_K, W_V, W_O), mlp
+    (W_in, b_in, W_out, b_out), unembed (W_U), norm (every norm's gain and offset)."""
+    if name.startswith(("embed.", "pos_embed.")):
+        return "embed"
+    if ".attn." in name:
+        return "attn"
+    if ".mlp." in name:
+        return "mlp"
+    if name.startswith("unembed."):
+        return "unembed"
+    return "norm"
 
 
 _FAN_IN = {

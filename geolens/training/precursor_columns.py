@@ -39,24 +39,10 @@ from geolens.model.config import GeoConfig
 from geolens.model.engines import choose_engine
 from geolens.model.readout import unit_columns
 from geolens.model.spectrum import class_order, wl_energy
-from geolens.model.transformer import GeoTransformer
+from geolens.model.transformer import GeoTransformer, param_group
 
 GROUPS = ("embed", "attn", "mlp", "norm", "unembed")
 WL_TOP = 5
-
-
-def param_group(name: str) -> str:
-    """The group of a GeoTransformer parameter: embed (W_E, W_pos), attn (W_Q, W_K, W_V, W_O), mlp
-    (W_in, b_in, W_out, b_out), unembed (W_U), norm (every norm's gain and offset)."""
-    if name.startswith(("embed.", "pos_embed.")):
-        return "embed"
-    if ".attn." in name:
-        return "attn"
-    if ".mlp." in name:
-        return "mlp"
-    if name.startswith("unembed."):
-        return "unembed"
-    return "norm"
 
 
 def group_norms(names: list[str], squared: list[float]) -> dict[str, float]:

@@ -1,0 +1,152 @@
+"""The local learning coefficient (LLC) of a checkpoint, estimated by SGLD with the devinterp library.
+
+    llc = n_beta * (mean over chains and draws of the training loss at the SGLD samples - the loss at the checkpoint)
+
+devinterp (Timaeus; `devinterp.slt.llc.llc`) samples around the checkpoint with a localisation term pulling
+each chain back to it; geolens supplies two adapters to its interface:
+- the dataset: a HuggingFace `datasets.Dataset` with an `input_ids` column; each row is an example's tokens
+  with its label appended ([a, b, =, label]);
+- the loss: devinterp asks for a per-token loss of shape (batch, seq - 1); geolens's loss is the cross-entropy
+  at `=` alone, so every column of an example's row holds that example's loss (their mean is the mean loss).
+GeoTransformer accepts HookedTransformer's `to(device, print_details=...)`, which devinterp calls on models
+with a TransformerLens-style cfg.
+
+Per component: the same estimate with SGLD restricted to one parameter group (devinterp's param_masks:
+embed = W_E, W_pos; attn = W_Q, W_K, W_V, W_O; mlp = W_in, b_in, W_out, b_out; unembed = W_U), the other
+parameters held at the checkpoint. The sampler's seeds (`seed`, and devinterp's derived chain and batch
+seeds) make an estimate bit-reproducible on one machine. Settings (LLCSettings) are recorded with every
+value and are part of the analysis cache's key (the metric's version). Uncalibrated settings give chains
+that climb to chance loss: `geolens llc-calibrate` sweeps lr x n_beta and says which settings are stable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Int
+from torch import Tensor
+
+from geolens.model.transformer import param_group
+
+COMPONENTS = ("embed", "attn", "mlp", "unembed")
+
+
+@dataclass(frozen=True)
+class LLCSettings:
+    """SGLD settings: step size lr, inverse temperature n_beta (n times beta), localisation strength, chains,
+    draws per chain, minibatch size, seed."""
+
+    lr: float = 1e-7
+    n_beta: float = 100.0
+    localization: float = 100.0
+    chains: int = 2
+    draws: int = 100
+    batch_size: int = 512
+    seed: int = 1
+
+    def key(self) -> str:
+        """The settings as one string: part of the llc metric's cache key."""
+        return ";".join(f"{k}={v}" for k, v in asdict(self).items())
+
+
+DEFAULT_LLC = LLCSettings()
+
+
+def sample_llc(model: torch.nn.Module, rows: Int[Tensor, "N k"], loss_fn, settings: LLCSettings,
+               param_masks: dict[str, Tensor | None] | None = None) -> dict:
+    """devinterp's LLC estimate of `model` on the dataset `rows` (each row one input_ids sequence) with
+    loss_fn(model, input_ids) -> [batch, k - 1]: {'llc', 'llc_std', 'init_loss', 'per_chain' [chains],
+    'trace' [chains, draws]} (the sampler's progress bars silenced)."""
+    from datasets import Dataset
+    from devinterp.slt.llc import llc
+
+    data = Dataset.from_dict({"input_ids": rows.tolist()}).with_format("torch")
+    with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = llc(model, data, {}, lr=settings.lr, n_beta=settings.n_beta, loss_fn=loss_fn, param_masks=param_masks,
+                  num_chains=settings.chains, num_draws=settings.draws, batch_size=min(settings.batch_size, len(rows)),
+                  localization=settings.localization, init_seed=settings.seed, device="cpu")
+    return {"llc": float(out.llc_mean), "llc_std": float(out.llc_std), "init_loss": float(out.init_loss),
+            "per_chain": out.llc_per_chain.values.tolist(), "trace": out.loss_trace.values.tolist()}
+
+
+def _loss_at_eq(model, input_ids: Tensor) -> Tensor:
+    """Cross-entropy at `=` of rows [a, b, =, label], repeated over the (seq - 1) columns devinterp expects."""
+    loss = F.cross_entropy(model(input_ids[:, :-1])[:, -1], input_ids[:, -1], reduction="none")
+    return loss[:, None].expand(-1, input_ids.shape[1] - 1)
+
+
+def component_masks(model, component: str | None) -> dict[str, Tensor | None] | None:
+    """devinterp param_masks sampling only `component`'s parameters (None: every parameter)."""
+    if component is None:
+        return None
+    return {name: None for name, _ in model.named_parameters() if param_group(name) == component}
+
+
+def model_llc(model, tokens: Int[Tensor, "N n_ctx"], labels: Int[Tensor, "N"], settings: LLCSettings = DEFAULT_LLC,
+              component: str | None = None) -> dict:
+    """sample_llc of a GeoTransformer on (tokens, labels), the whole model or one component (COMPONENTS)."""
+    rows = torch.cat([tokens, labels[:, None]], 1)
+    was = torch.get_num_threads()
+    try:
+        return sample_llc(model, rows, _loss_at_eq, settings, component_masks(model, component))
+    finally:
+        torch.set_num_threads(was)
+
+
+# ---- calibration ---------------------------------------------------------------------------------
+STABLE_DRIFT = 0.1  # the last quarter of the trace may rise by at most this share of its rise above the start
+STABLE_SPREAD = 0.2  # chains agree: std over chains / mean LLC below this
+
+
+@dataclass
+class Calibration:
+    """One setting of a sweep: its estimate, the chains' traces and whether they are stable (and why not)."""
+
+    lr: float
+    n_beta: float
+    llc: float
+    llc_std: float
+    init_loss: float
+    trace: list[list[float]]
+    stable: bool
+    why: str
+
+
+def judge(res: dict, chance: float) -> tuple[bool, str]:
+    """(stable, reason) of one estimate: positive; the mean trace plateaus (its last quarter rises by less than
+    STABLE_DRIFT of its rise over the start); far from chance loss (half of ln C); chains agree (STABLE_SPREAD)."""
+    trace = torch.tensor(res["trace"]).mean(0)
+    q = max(len(trace) // 4, 1)
+    rise = float(trace[-q:].mean() - trace[q : 2 * q].mean())
+    above = float(trace[q : 2 * q].mean()) - res["init_loss"]
+    if res["llc"] <= 0:
+        return False, "the estimate is not positive (chains below the checkpoint's loss: step too small or too few draws)"
+    if float(trace[-q:].mean()) > 0.5 * chance:
+        return False, f"the chains climb towards chance loss ({float(trace[-q:].mean()):.2f} of ln C = {chance:.2f})"
+    if above > 0 and rise > STABLE_DRIFT * above:
+        return False, f"the trace still rises in its last quarter (+{rise:.3g})"
+    if res["llc_std"] > STABLE_SPREAD * res["llc"]:
+        return False, f"the chains disagree (std {res['llc_std']:.3g} of {res['llc']:.3g})"
+    return True, "stable"
+
+
+def calibrate(model, tokens: Int[Tensor, "N n_ctx"], labels: Int[Tensor, "N"], lrs: list[float], n_betas: list[float],
+              base: LLCSettings = DEFAULT_LLC) -> list[Calibration]:
+    """model_llc at every (lr, n_beta) of the grid (base's other settings), each judged (judge)."""
+    import math
+
+    chance = math.log(model.cfg.d_vocab_out)
+    out = []
+    for lr in lrs:
+        for n_beta in n_betas:
+            settings = LLCSettings(**{**asdict(base), "lr": lr, "n_beta": n_beta})
+            res = model_llc(model, tokens, labels, settings)
+            stable, why = judge(res, chance)
+            out.append(Calibration(lr, n_beta, res["llc"], res["llc_std"], res["init_loss"], res["trace"], stable, why))
+    return out

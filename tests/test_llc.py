@@ -1,0 +1,86 @@
+"""The local learning coefficient through devinterp: known answers on constructed losses, reproducibility, the
+per-component estimate on a GeoTransformer, the calibration sweep and its judgement, bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from geolens.analysis.llc import LLCSettings, component_masks, judge, model_llc, sample_llc
+from geolens.model.config import make_config
+from geolens.model.tasks import make_dataset
+from geolens.model.transformer import GeoTransformer
+
+BOWL = LLCSettings(lr=1e-4, n_beta=1000.0, localization=1.0, chains=4, draws=1000, batch_size=64, seed=1)
+
+
+class Bowl(nn.Module):
+    """A loss sum_i w_i^power / power with its minimum at w = 0 (power 2: regular, LLC d/2; power 4: degenerate,
+    LLC d/4)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(d))
+
+
+def _loss(power: int):
+    def loss_fn(model, input_ids):
+        return ((model.w ** power).sum() / power).expand(input_ids.shape[0], input_ids.shape[1] - 1)
+    return loss_fn
+
+
+def test_a_regular_minimum_has_llc_d_over_2_and_a_degenerate_one_less():
+    rows = torch.zeros(64, 2, dtype=torch.long)
+    regular = sample_llc(Bowl(4), rows, _loss(2), BOWL)
+    error = 3 * regular["llc_std"] / math.sqrt(BOWL.chains)
+    assert abs(regular["llc"] - 2.0) < error, regular  # d / 2 = 2 within the chains' error
+    quartic = sample_llc(Bowl(4), rows, _loss(4), BOWL)
+    assert quartic["llc"] + 3 * quartic["llc_std"] / math.sqrt(BOWL.chains) < regular["llc"] - error, quartic
+    assert sample_llc(Bowl(4), rows, _loss(2), BOWL) == regular  # the seeds: the same estimate bit for bit
+
+
+def test_a_component_estimate_samples_only_its_parameters():
+    cfg = make_config("fb", p=11, d_model=16, n_heads=2, d_head=8, d_mlp=32, frac_train=0.5)
+    model = GeoTransformer(cfg)
+    assert sorted(component_masks(model, "mlp")) == ["blocks.0.mlp.W_in", "blocks.0.mlp.W_out", "blocks.0.mlp.b_in",
+                                                     "blocks.0.mlp.b_out"]
+    x, y = make_dataset(cfg).train
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    settings = LLCSettings(lr=1e-6, n_beta=10.0, chains=2, draws=20, batch_size=32)
+    whole, mlp = model_llc(model, x, y, settings), model_llc(model, x, y, settings, "mlp")
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # the checkpoint is left as it was
+    assert whole["init_loss"] == pytest.approx(mlp["init_loss"]) and len(whole["trace"]) == 2
+    assert len(whole["trace"][0]) == 20 and whole["llc"] != mlp["llc"]
+
+
+def test_the_judgement_of_a_calibration_setting():
+    flat = {"llc": 2.0, "llc_std": 0.1, "init_loss": 0.04, "trace": [[0.04, 0.05, 0.06, 0.06, 0.06, 0.06, 0.06, 0.06]] * 2}
+    assert judge(flat, chance=math.log(113)) == (True, "stable")
+    rising = {**flat, "trace": [[0.04 + 0.01 * i for i in range(8)]] * 2}
+    assert judge(rising, chance=math.log(113))[1].startswith("the trace still rises")
+    chance = {**flat, "trace": [[4.0] * 8] * 2}
+    assert judge(chance, chance=math.log(113))[1].startswith("the chains climb towards chance loss")
+    assert judge({**flat, "llc": -1.0}, chance=4.7)[1].startswith("the estimate is not positive")
+    assert judge({**flat, "llc_std": 1.0}, chance=4.7)[1].startswith("the chains disagree")
+
+
+def test_llc_calibrate_writes_its_table_and_refuses_bad_input(tmp_path, geolens):
+    from geolens.training import train as training
+
+    cfg = make_config("fb", p=11, d_model=16, n_heads=2, d_head=8, d_mlp=32, frac_train=0.5, epochs=20, eval_every=10,
+                      checkpoints="every:10")
+    training.train(cfg, tmp_path / "r", progress=False)
+    r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--lr", "1e-6", "--n-beta", "10,30",
+                "--out", tmp_path / "cal")
+    assert r.returncode == 0, r.stderr
+    rows = (tmp_path / "cal" / "llc_calibration.csv").read_text().splitlines()
+    assert rows[0] == "lr,n_beta,llc,llc_std,init_loss,stable" and [row.split(",")[:2] for row in rows[1:]] == [
+        ["1e-06", "10.0"], ["1e-06", "30.0"]]
+    assert "| 1e-06 | 30 |" in (tmp_path / "cal" / "llc_calibration.md").read_text()
+    r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--lr", "fast")
+    assert r.returncode == 2 and "--lr 'fast' is not a number" in r.stderr
+    r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 15)
+    assert r.returncode == 2 and "no checkpoint at epoch 15" in r.stderr
