@@ -376,10 +376,14 @@ def llc_calibrate(
     step: int = typer.Option(..., help="Checkpointed epoch to sample around."),
     lrs: str = typer.Option("1e-7,1e-6,1e-5", "--lr", help="Comma-separated SGLD step sizes."),
     n_betas: str = typer.Option("10,30,100", "--n-beta", help="Comma-separated inverse temperatures n * beta."),
+    localization: Optional[float] = typer.Option(None, help="Localisation strength (default: DEFAULT_LLC's)."),
+    draws: Optional[int] = typer.Option(None, help="Draws per chain (default: DEFAULT_LLC's)."),
     out: Optional[Path] = typer.Option(None, help="Folder for llc_calibration.md, .csv, .png, .svg "
                                        "(default: RUN/analysis/llc_calibration_STEP)."),
 ) -> None:
     """Sweep the LLC sampler's step size x n_beta at one checkpoint: estimates, loss traces, which are stable."""
+    from dataclasses import replace
+
     from geolens.analysis.llc import DEFAULT_LLC, calibrate
     from geolens.outputs.llc_report import calibration_table, write_calibration
     from geolens.runs.run import load_run
@@ -389,11 +393,16 @@ def llc_calibrate(
     if step not in r.steps:
         raise GeoError(f"{r.path} has no checkpoint at epoch {step}; its checkpoints run {r.steps[0]}..{r.steps[-1]} "
                        f"(`geolens info --run {r.path}` lists them)")
+    base = DEFAULT_LLC
+    if localization is not None:
+        base = replace(base, localization=_positive(str(localization), "--localization"))
+    if draws is not None:
+        base = replace(base, draws=int(_positive(str(draws), "--draws")))
     x, y = r.dataset.train
-    rows = calibrate(r.model_at(step), x, y, grid[0], grid[1], DEFAULT_LLC)
+    rows = calibrate(r.model_at(step), x, y, grid[0], grid[1], base)
     label = f"{r.path} at epoch {step}"
-    paths = write_calibration(rows, DEFAULT_LLC, label, out or r.path / "analysis" / f"llc_calibration_{step}")
-    console.print(calibration_table(rows, DEFAULT_LLC, label), markup=False, highlight=False, soft_wrap=True)
+    paths = write_calibration(rows, base, label, out or r.path / "analysis" / f"llc_calibration_{step}")
+    console.print(calibration_table(rows, base, label), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, highlight=False, soft_wrap=True)
 
 
