@@ -119,3 +119,18 @@ def test_the_deep_engines_count_is_the_exact_count_plus_its_bags():
         nq = 1 if L == 1 else 3
         assert deep_flops(cfg, 10, backward=False) == 2 * 10 * (bench.exact_macs(cfg) + nq * 3 * 4 * 128)
         assert deep_flops(cfg, 10) == 3 * deep_flops(cfg, 10, backward=False)
+
+
+def test_bench_landscape_prints_every_metric_against_an_epoch(capsys, tmp_path):
+    from geolens.model.config import make_config
+    from geolens.training import train as training
+
+    bench = _load("bench_landscape")
+    run = tmp_path / "r"
+    training.train(make_config("fb", p=11, d_model=16, n_heads=2, d_head=8, d_mlp=32, frac_train=0.5, epochs=10,
+                               eval_every=10, checkpoints="every:10"), run, progress=False)
+    bench.main(["--run", str(run), "--reps", "1"])
+    out = capsys.readouterr().out
+    names = [line.split()[0] for line in out.splitlines()[3:]]
+    assert names == ["llc", "llc_embed", "llc_attn", "llc_mlp", "llc_unembed", "sharpness", "llc"]
+    assert "one training epoch:" in out
