@@ -5,7 +5,7 @@ Layout (docs/run-format.md is the reference):
     metrics.csv              one row per evaluation
     events.json              onset events derived from metrics.csv
     checkpoints/manifest.json, checkpoints/step_XXXXXXX.safetensors   model weights per step
-    checkpoints/optim_XXXXXXX.safetensors   the AdamW state at that step (where a fork starts)
+    checkpoints/optim_XXXXXXX.safetensors   the optimizer state at that step (where a fork starts)
     resume.safetensors       model + AdamW state at the newest checkpoint (for --resume)
 Nothing is pickled: tensors are safetensors, everything else JSON or CSV.
 """
