@@ -1,0 +1,52 @@
+"""analyses/depth/table.py: configuration names, onset cells and the Mann-Whitney tests on constructed onsets;
+the committed depth table is what the committed records give, and docs/depth.md shows it."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from geolens.model.config import make_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _table():
+    spec = importlib.util.spec_from_file_location("depth_table", ROOT / "analyses" / "depth" / "table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_configuration_names_follow_run_cpu_sh():
+    t = _table()
+    assert t.config_key(make_config("ln")) == "ln_post"
+    assert t.config_key(make_config("rms", norm_placement="pre")) == "rms_pre"
+    assert t.config_key(make_config("fb")) == "fb_post" and t.config_key(make_config("sphere")) == "sphere_post"
+    assert t.config_key(make_config("sphere", n_layers=2, norm="sphere,layernorm")) == "sphere_ln_post"
+
+
+def test_cells_and_tests_on_constructed_onsets():
+    t = _table()
+    assert t.cell(None) == "-"
+    assert t.cell([(None, 5000), (None, 5000)]) == "none of 2; 2 without onset (budget 5,000)"
+    assert t.cell([(1000, 1200)]) == "1,000 (n=1)"
+    assert t.cell([(1000, 1200), (3000, 3200)]).startswith("2,000 ± 1,414 [")
+    # two seeds each, all of a's onsets before b's: the exact one-sided p is 1 / C(4, 2)
+    assert t.earlier([(100, 0), (200, 0)], [(300, 0), (400, 0)]) == f"{1 / 6:.3g}"
+    # a seed without an onset ranks after every onset
+    assert t.earlier([(100, 0), (None, 900)], [(300, 0), (400, 0)]) == t.earlier([(100, 0), (500, 0)], [(300, 0), (400, 0)])
+    assert t.earlier([(100, 0)], [(300, 0), (400, 0)]) == "-"
+
+
+@pytest.mark.skipif(not (ROOT / "results" / "depth" / "records").is_dir(), reason="no committed depth records")
+def test_the_committed_depth_table_is_what_the_records_give(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the table's notes name the records by their relative paths
+    t = _table()
+    assert t.build(Path("results/depth/records")) == (ROOT / "results" / "depth" / "depth_table.md").read_text()
+    spec = importlib.util.spec_from_file_location("embed", ROOT / "analyses" / "reproduction" / "embed_tables.py")
+    embed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(embed)
+    text = (ROOT / "docs" / "depth.md").read_text()
+    refreshed, count = embed.embed(text)
+    assert count >= 1 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/depth.md
