@@ -348,9 +348,9 @@ def test_layer_spectrum_reads_each_layers_direct_path():
     row = rows["layer_spectrum"]
     assert (row["layer_spectrum_L0_key_1"], row["layer_spectrum_L1_key_1"]) == (3, 7)
     assert row["layer_spectrum_L0_share"] > 0.999 and row["layer_spectrum_L1_share"] > 0.999
-    one = cfg.replace(n_layers=1)
-    assert "one layer" in compute_metrics(GeoTransformer(one), one, make_dataset(one), names=["layer_spectrum"])[1][
-        "layer_spectrum"]
+    one = cfg.replace(n_layers=1)  # one layer: its only layer's, the last layer's W_L of keyfreq_wl_fft
+    rows = compute_metrics(GeoTransformer(one), one, make_dataset(one), names=["layer_spectrum", "keyfreq_wl_fft"])[0]
+    assert rows["layer_spectrum"]["layer_spectrum_L0_key_1"] == rows["keyfreq_wl_fft"]["keyfreq_wl_fft_1"]
 
 
 def test_a_post_norm_hybrid_is_analysed_through_each_layers_own_norm():
