@@ -71,3 +71,23 @@ def test_the_command_writes_the_curve_and_refuses_other_models(run, tmp_path, ge
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "c").exists()
     r = geolens("barrier", "--run", run.path, "--step", 0, "--out", tmp_path / "d")
     assert r.returncode == 2 and "barrier takes two checkpoints" in r.stderr
+
+
+def test_geolens_figures_draws_each_arms_barrier_to_its_parent(run, tmp_path):
+    """An arm sweep's figures: the test-loss barrier of every arm against its parent at their latest shared
+    checkpoint, the value loss_barrier gives; an arm with another architecture is left out with a note."""
+    import shutil
+
+    from geolens.outputs.figures import build_figures
+    from geolens.training.fork import fork
+
+    root = tmp_path / "sweep"
+    shutil.copytree(run.path, root / "parent")
+    fork(root / "parent", 50, root / "wd3", {"weight_decay": 3.0}, progress=False)
+    fork(root / "parent", 50, root / "to_ln", {"norm": "layernorm", "unembed": "raw"}, progress=False)
+    specs, notes = build_figures(root)
+    spec = {s.name: s for s in specs}["fork_barrier"]
+    (line,) = spec.panels[0].traces
+    expected = loss_barrier(load_run(root / "parent").model_at(100), load_run(root / "wd3").model_at(100), 11)
+    assert (line.name, line.x, line.y) == ("weight_decay 3", [50], [expected.barrier_test])
+    assert any("fork_barrier: 1 arm(s) left out" in n and "another architecture" in n for n in notes)

@@ -10,6 +10,7 @@ Each figure is a plots.FigureSpec built by one function from data that tests can
     onsets             every seed's onset (peak test accuracy for the uniform-attention tables) per
                        configuration, with the paper's mean and range; the same numbers as `geolens table`
     clock_pizza_paths  distance irrelevance vs gradient symmetricity over the checkpoints, one path per configuration
+    fork_barrier       forked arms: the test-loss barrier between each arm and its parent (geolens.analysis.barrier)
     fork_dose          forked arms (geolens fork, sweep --fork-from): onset shift against the fork step, one
                        panel per parent configuration, one colour per change, every seed a point
 The model-based figures (spectrum, FVE, Clock-vs-Pizza) read one run per configuration: the lowest
@@ -404,6 +405,71 @@ def fig_fork_dose(points: Sequence[DosePoint]) -> FigureSpec | None:
                       panels, cols=1, panel_width=8.0)
 
 
+# ---- forks: the loss barrier between each arm and its parent ----------------------------------------
+@dataclass
+class BarrierPoint:
+    """One fork arm: panel, change, fork step and seed as DosePoint; `at` the epoch compared (the latest
+    checkpoint arm and parent both have); the test and train barriers of the line between them there."""
+
+    panel: str
+    change: str
+    step: int
+    seed: int
+    at: int
+    test: float
+    train: float
+
+
+def barrier_points(runs: Sequence[Run], n_alphas: int = 11) -> tuple[list[BarrierPoint], list[str]]:
+    """A BarrierPoint per fork arm among `runs` whose parent is found, which is the parent's model (a fork that
+    changed the architecture is left out) and which shares a checkpoint after the fork step with it; notes on
+    the arms left out."""
+    from geolens.analysis.barrier import check_same_surface, loss_barrier
+
+    points, missing = [], []
+    for run in runs:
+        fork = run.header.get("fork")
+        parent = None if fork is None else find_parent(fork, runs)
+        if parent is None:
+            continue
+        try:
+            check_same_surface(parent.config, run.config)
+        except GeoError:
+            missing.append(f"{run.path} (another architecture than its parent)")
+            continue
+        shared = sorted(set(run.steps) & set(parent.steps))
+        if not shared or shared[-1] <= fork["step"]:
+            missing.append(f"{run.path} (no checkpoint after the fork step shared with its parent)")
+            continue
+        at = shared[-1]
+        b = loss_barrier(parent.model_at(at), run.model_at(at), n_alphas)
+        cfg = parent.config
+        panel = f"parent {config_name(cfg)} lr {cfg.lr:g} wd {cfg.weight_decay:g}, {cfg.task_label}"
+        points.append(BarrierPoint(panel, change_label(fork), fork["step"], cfg.seed, at, b.barrier_test, b.barrier_train))
+    notes = [f"fork_barrier: {len(missing)} arm(s) left out: {'; '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"] \
+        if missing else []
+    return points, notes
+
+
+def fig_fork_barrier(points: Sequence[BarrierPoint]) -> FigureSpec | None:
+    """The test-loss barrier between each fork arm and its parent at their latest shared checkpoint, against
+    the fork step: one panel per parent configuration, one colour per change, every seed a point."""
+    if not points:
+        return None
+    panels = []
+    for panel in sorted({p.panel for p in points}):
+        mine = [p for p in points if p.panel == panel]
+        traces = []
+        for i, change in enumerate(sorted({p.change for p in mine})):
+            pts = sorted((p for p in mine if p.change == change), key=lambda p: (p.step, p.seed))
+            traces.append(Line([p.step for p in pts], [p.test for p in pts], change, mode="markers",
+                               color=PALETTE[i % len(PALETTE)],
+                               text=[f"seed {p.seed}, at epoch {p.at}: test {p.test:.3g}, train {p.train:.3g}" for p in pts]))
+        panels.append(Panel(panel, traces, xlabel="fork step (epoch)", ylabel="test-loss barrier (arm vs parent)"))
+    return FigureSpec("fork_barrier", "Loss barrier between each forked arm and its parent at their latest shared "
+                      "checkpoint (points: seeds)", panels, cols=1, panel_width=8.0)
+
+
 def build_figures(root: str | Path, paper: str | None = None, at: str = "first099", all_seeds: bool = False,
                   log: Callable[[str], None] | None = None) -> tuple[list[FigureSpec], list[str]]:
     """Every figure the runs under `root` support, and notes (runs skipped, figures left out and why).
@@ -439,8 +505,13 @@ def build_figures(root: str | Path, paper: str | None = None, at: str = "first09
             paths.append((name, colors[id(g)], *clock_pizza_path(run)))
     points, dose_notes = dose_points(runs)
     notes += dose_notes
+    if any(r.header.get("fork") for r in runs):
+        log("loss barriers between fork arms and their parents")
+    barriers, barrier_notes = barrier_points(runs)
+    notes += barrier_notes
     specs = [fig_test_accuracy(groups), fig_uniform_attention(groups), fig_onsets(tables),
-             fig_spectrum(snaps, colors, at), fig_fve(snaps, at), fig_clock_pizza_paths(paths), fig_fork_dose(points)]
+             fig_spectrum(snaps, colors, at), fig_fve(snaps, at), fig_clock_pizza_paths(paths), fig_fork_dose(points),
+             fig_fork_barrier(barriers)]
     if specs[1] is None:
         notes.append("uniform_attention: no run with uniform attention")
     return [s for s in specs if s is not None], notes
