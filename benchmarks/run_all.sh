@@ -2,7 +2,9 @@
 # Every benchmark in one command, each measuring its own reference in the same run:
 #   bash benchmarks/run_all.sh
 # training ms/epoch (straightforward vs hooked vs fast), batched seed-epochs/s, grid sweeps per backend,
-# analysis s/checkpoint, what schedules and the norm clamp cost an epoch, what the precursor columns cost.
+# analysis s/checkpoint, what schedules and the norm clamp cost an epoch, what the precursor columns cost,
+# the deep engine at 1-4 layers against the straightforward model and the exact-computation ceiling, and
+# what the landscape metrics (LLC, sharpness) cost a checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
@@ -12,3 +14,5 @@ py=${PYTHON:-.venv/bin/python}
 "$py" benchmarks/bench_analysis.py
 "$py" benchmarks/bench_controls.py
 "$py" benchmarks/bench_precursors.py
+"$py" benchmarks/bench_depth.py
+"$py" benchmarks/bench_landscape.py
