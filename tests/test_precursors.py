@@ -173,3 +173,28 @@ def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, mon
     spec.loader.exec_module(embed)
     doc = (REPO / "docs" / "precursors.md").read_text()
     assert embed.embed(doc) == (doc, EMBEDDED_TABLES)
+
+
+def test_the_llc_joins_the_precursors_where_checkpoints_are_dense_enough(tmp_path, monkeypatch):
+    """A run whose analysis cache holds the LLC at enough checkpoints gets an `llc` series at those epochs (its
+    peak rule then gives the event); with fewer than MIN_CHECKPOINTS it gets none."""
+    from geolens.analysis import precursors as prec
+    from geolens.analysis import trajectory
+    from geolens.model.config import make_config
+    from geolens.runs.run import load_run
+    from geolens.training import train as training
+
+    cfg = make_config("fb", p=11, d_model=16, n_heads=2, d_head=8, d_mlp=32, frac_train=0.5, epochs=80,
+                      eval_every=10, checkpoints="every:10")
+    training.train(cfg, tmp_path / "r", progress=False)
+    run = load_run(tmp_path / "r")
+    llc = {0: 1.0, 10: 3.0, 20: 6.0, 30: 9.0, 40: 7.0, 50: 5.0, 60: 4.0, 70: 3.5, 80: 3.0}  # peak at 30
+    monkeypatch.setattr(trajectory, "cached_metrics",
+                        lambda r, step, names: {"llc": {"llc": llc[step]}} if step in llc else {})
+    rows = prec.series_rows(run)
+    assert [(int(r["epoch"]), r.get("llc")) for r in rows if "llc" in r] == sorted(llc.items())
+    assert prec.run_events(run)["llc"] == 30
+    sparse = {k: v for k, v in llc.items() if k < 40}  # 4 checkpoints: too few
+    monkeypatch.setattr(trajectory, "cached_metrics",
+                        lambda r, step, names: {"llc": {"llc": sparse[step]}} if step in sparse else {})
+    assert all("llc" not in r for r in prec.series_rows(run)) and prec.run_events(run)["llc"] is None

@@ -98,22 +98,48 @@ def _loo(x: list[float], y: list[float]) -> tuple[list[float] | None, list[float
     return fit_err, mean_err
 
 
-def run_events(run: Run) -> dict[str, int | None]:
-    """Every precursor's event epoch in one run's metrics.csv (None without an event or a record)."""
+#: checkpoint-derived precursors (metric -> value read from `geolens analyze`'s cache) join a run's rows when at
+#: least this many of its checkpoints have them
+CHECKPOINT_PRECURSORS = {"llc": "llc"}
+MIN_CHECKPOINTS = 5
+
+
+def series_rows(run: Run) -> list[dict[str, float]]:
+    """The run's metrics rows, with the checkpoint-derived precursors (CHECKPOINT_PRECURSORS: the LLC of
+    `geolens analyze --metrics llc`, from the analysis cache, valid for the checkpoint and the metric's
+    version and settings) at the epochs of its checkpoints, when MIN_CHECKPOINTS or more have them."""
+    from geolens.analysis.trajectory import cached_metrics
+
     rows = run.metrics
+    found: dict[int, dict[str, float]] = {}
+    for step in run.steps:
+        cached = cached_metrics(run, step, list(CHECKPOINT_PRECURSORS))
+        values = {col: cached[metric][col] for col, metric in CHECKPOINT_PRECURSORS.items() if metric in cached}
+        if values:
+            found[step] = values
+    if len(found) < MIN_CHECKPOINTS:
+        return rows
+    return [{**r, **found.get(int(r["epoch"]), {})} for r in rows]
+
+
+def run_events(run: Run, rows: list[dict[str, float]] | None = None) -> dict[str, int | None]:
+    """Every precursor's event epoch in one run's rows (series_rows by default; None without an event or a
+    record)."""
+    rows = series_rows(run) if rows is None else rows
     epochs = [int(r["epoch"]) for r in rows]
     return {p.name: event_epoch(epochs, [p.value(r) for r in rows], p.rule) for p in PRECURSORS}
 
 
-def recorded(precursor: Precursor, run: Run) -> bool:
-    """Whether the run's rows hold this precursor (the precursor columns exist in runs of this version on)."""
-    return any(precursor.value(r) is not None for r in run.metrics)
+def recorded(precursor: Precursor, rows: list[dict[str, float]]) -> bool:
+    """Whether a run's rows hold this precursor (the precursor columns exist in runs of this version on)."""
+    return any(precursor.value(r) is not None for r in rows)
 
 
 def group_precursors(group: RunGroup) -> list[LeadStats]:
     """LeadStats of every precursor a run of the configuration recorded, over its runs that have an
     onset (onset_095) and the precursor's record."""
+    rows = {id(r): series_rows(r) for r in group.runs}
     with_onset = [(r, r.events.get("onset_095")) for r in group.runs]
-    events = [(r, onset, run_events(r)) for r, onset in with_onset if onset is not None]
-    return [lead_stats(p.name, [(onset, ev[p.name]) for r, onset, ev in events if recorded(p, r)])
-            for p in PRECURSORS if any(recorded(p, r) for r in group.runs)]
+    events = [(r, onset, run_events(r, rows[id(r)])) for r, onset in with_onset if onset is not None]
+    return [lead_stats(p.name, [(onset, ev[p.name]) for r, onset, ev in events if recorded(p, rows[id(r)])])
+            for p in PRECURSORS if any(recorded(p, rows[id(r)]) for r in group.runs)]

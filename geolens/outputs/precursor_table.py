@@ -11,7 +11,8 @@ import io
 import math
 from pathlib import Path
 
-from geolens.analysis.precursors import PRECURSORS, LeadStats, Precursor, group_precursors, run_events, with_holm
+from geolens.analysis.precursors import (PRECURSORS, LeadStats, Precursor, group_precursors, run_events, series_rows,
+                                        with_holm)
 from geolens.analysis.online_rules import OnlineStats, check_forecast, group_online
 from geolens.analysis.online_rules import with_holm as online_with_holm
 from geolens.analysis.significance import fmt_p, wilcoxon_less
@@ -57,10 +58,11 @@ def fig_precursors(groups: list[RunGroup]) -> FigureSpec | None:
     panel per precursor (rows) and configuration (columns), every seed a line scaled to [0, 1] over its
     run (min to max), its event (the precursor's rule) a marker, the onset the line x = 0."""
     with_onset = [g for g in groups if _has_onset(g)]
-    events = {run.path: run_events(run) for g in with_onset for run in g.runs}
+    rows = {run.path: series_rows(run) for g in with_onset for run in g.runs}
+    events = {path: run_events(run, rows[path]) for g in with_onset for run in g.runs for path in [run.path]}
     panels = []
     for p in PRECURSORS:
-        row = [_precursor_panel(p, g, PALETTE[i % len(PALETTE)], events) for i, g in enumerate(with_onset)]
+        row = [_precursor_panel(p, g, PALETTE[i % len(PALETTE)], events, rows) for i, g in enumerate(with_onset)]
         if any(panel.traces for panel in row):
             panels += row
     if not panels:
@@ -73,15 +75,15 @@ def _has_onset(group: RunGroup) -> bool:
     return any(r.events.get("onset_095") is not None for r in group.runs)
 
 
-def _precursor_panel(p: Precursor, group: RunGroup, color: str, events: dict) -> Panel:
+def _precursor_panel(p: Precursor, group: RunGroup, color: str, events: dict, rows: dict) -> Panel:
     """One precursor over one configuration's runs with an onset (fig_precursors; events: run_events
-    of each run, by path)."""
+    of each run, rows: its series_rows, both by path)."""
     traces = []
     for run in group.runs:
         onset = run.events.get("onset_095")
         if onset is None:
             continue
-        points = [(int(r["epoch"]), v) for r in run.metrics if (v := p.value(r)) is not None and not math.isnan(v)]
+        points = [(int(r["epoch"]), v) for r in rows[run.path] if (v := p.value(r)) is not None and not math.isnan(v)]
         if not points:
             continue
         lo, hi = min(v for _, v in points), max(v for _, v in points)

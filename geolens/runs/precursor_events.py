@@ -55,6 +55,7 @@ PRECURSORS = [
     Precursor("erank_mlp", _column("erank_mlp"), "trough"),
     Precursor("wl_gini", _column("wl_gini"), "crossing:0.5"),
     Precursor("wl_top5", _column("wl_top5"), "crossing:0.5"),
+    Precursor("llc", _column("llc"), "peak"),  # checkpoint-derived: geolens.analysis.precursors.series_rows
 ]
 
 
