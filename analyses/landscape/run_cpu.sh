@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The landscape and optimizer experiments of docs/landscape.md, Z_113 addition, resumable (finished runs are
+# skipped, killed ones continue from their last checkpoint; analyses compute only what their cache lacks):
+#   lane muon    Muon against AdamW for ln, sphere and fb, seeds 1-5: `--set optimizer=muon` (Muon's lr
+#                muon_lr on the MLP matrices, AdamW's lr 6e-4 on the rest) and the AdamW default, Table 1's
+#                budgets plus 3,000 epochs, early stop 3,000 epochs after test accuracy holds >= 0.99 (does
+#                generalisation hold after the onset?)
+#   lane llc     ln and fb, seeds 1-3, checkpoints every 200 epochs, then `geolens analyze --metrics
+#                llc,sharpness,loss` of every checkpoint (the LLC, its components and the sharpness along the
+#                trajectory; `geolens precursors` then reads the LLC as a precursor)
+# Records (run.json, metrics.csv, events.json) go to results/landscape/records, the analysis tables to
+# results/landscape/<lane>/<run>/metrics.csv. Refuses a dirty tree (analyses/clean_tree.sh).
+#   bash analyses/landscape/run_cpu.sh [LANE ...]     (default: llc muon)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source analyses/clean_tree.sh
+require_clean_tree
+py=${PYTHON:-.venv/bin/python}
+R=${RUNS:-runs/landscape}
+SEEDS=${SEEDS:-"1 2 3 4 5"}
+lanes=("$@")
+[ ${#lanes[@]} -gt 0 ] || lanes=(llc muon)
+status=0
+
+finished() { [ -f "$1/run.json" ] && grep -q '"status": "finished"' "$1/run.json"; }
+collect() { "$py" analyses/reproduction/collect.py "$R" results/landscape/records > /dev/null; }
+epochs() { [ "$1" = ln ] && echo 18000 || echo 8000; }
+
+# run OUT ARGS...: one `geolens train` on one thread, resumed if it was killed
+run() {
+    local out=$1; shift
+    if finished "$out"; then return; fi
+    echo "== $(date -Is) $out"
+    if [ -f "$out/resume.safetensors" ]; then OMP_NUM_THREADS=1 "$py" -m geolens train --resume --out "$out" --quiet > /dev/null || status=1
+    else OMP_NUM_THREADS=1 "$py" -m geolens train "$@" --out "$out" --force > /dev/null || status=1; fi
+    collect
+}
+
+for lane in "${lanes[@]}"; do
+    case $lane in
+    muon)
+        for s in $SEEDS; do
+            for preset in fb sphere ln; do
+                for opt in adamw muon; do
+                    run "$R/muon/$preset/$opt/seed_$s" --preset "$preset" --p 113 --lr 6e-4 --seed "$s" \
+                        --epochs "$(epochs "$preset")" --early-stop 3000 --checkpoints every:1000 --set optimizer="$opt"
+                done
+            done
+        done ;;
+    llc)
+        for s in $(echo $SEEDS | cut -d' ' -f1-3); do
+            for preset in fb ln; do
+                out="$R/llc/$preset/seed_$s"
+                run "$out" --preset "$preset" --p 113 --lr 6e-4 --seed "$s" --epochs "$(epochs "$preset")" \
+                    --early-stop 500 --checkpoints every:200
+                OMP_NUM_THREADS=1 "$py" -m geolens analyze --run "$out" --metrics llc,sharpness,loss --static '' --quiet \
+                    --workers 1 > /dev/null || status=1
+                mkdir -p "results/landscape/llc/$preset/seed_$s"
+                cp "$out/analysis/metrics.csv" "results/landscape/llc/$preset/seed_$s/metrics.csv"
+            done
+        done ;;
+    *) echo "unknown lane $lane (muon llc)" >&2; exit 2 ;;
+    esac
+done
+exit $status
