@@ -1,0 +1,31 @@
+"""The LLC / sharpness trajectory table of docs/landscape.md from a `geolens analyze --metrics llc,sharpness,loss`
+table (analysis/metrics.csv: step, metric, name, value).
+
+    python analyses/landscape/trajectory_table.py results/landscape/fb_seed1/metrics.csv
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections import defaultdict
+
+COLUMNS = [("llc", "LLC"), ("llc_std", "std"), ("llc_embed", "embed"), ("llc_attn", "attn"), ("llc_mlp", "mlp"),
+           ("llc_unembed", "unembed"), ("sharpness", "sharpness"), ("loss_train", "train loss"),
+           ("acc_test", "test acc")]
+
+
+def table(path: str) -> str:
+    values: dict[int, dict[str, float]] = defaultdict(dict)
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            values[int(row["step"])][row["name"]] = float(row["value"])
+    lines = ["| epoch | " + " | ".join(label for _, label in COLUMNS) + " |", "| --- " * (len(COLUMNS) + 1) + "|"]
+    for step in sorted(values):
+        v = values[step]
+        lines.append(f"| {step:,} | " + " | ".join(f"{v[name]:.4g}" if name in v else "-" for name, _ in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(table(sys.argv[1]))
