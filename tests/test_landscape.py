@@ -49,3 +49,24 @@ def test_sharpness_is_opt_in():
     assert "sharpness" not in compute_metrics(model, cfg, data)[0]
     rows, _ = compute_metrics(model, cfg, data, names=["sharpness"])
     assert rows["sharpness"]["sharpness"] == pytest.approx(sharpness(model, *data.train)["sharpness"])
+
+
+def test_the_committed_landscape_tables_are_what_their_records_give():
+    """docs/landscape.md shows results/landscape's tables, and the trajectory table is its metrics.csv."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+
+    def load(path):
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    traj = load(root / "analyses" / "landscape" / "trajectory_table.py")
+    folder = root / "results" / "landscape" / "fb_seed1"
+    assert traj.table(str(folder / "metrics.csv")) == (folder / "trajectory.md").read_text()
+    text = (root / "docs" / "landscape.md").read_text()
+    refreshed, count = load(root / "analyses" / "reproduction" / "embed_tables.py").embed(text)
+    assert count == 2 and refreshed == text
