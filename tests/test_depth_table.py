@@ -43,10 +43,12 @@ def test_cells_and_tests_on_constructed_onsets():
 def test_the_committed_depth_table_is_what_the_records_give(monkeypatch):
     monkeypatch.chdir(ROOT)  # the table's notes name the records by their relative paths
     t = _table()
-    assert t.build(Path("results/depth/records")) == (ROOT / "results" / "depth" / "depth_table.md").read_text()
+    onsets, tests = t.build(Path("results/depth/records"))
+    assert onsets == (ROOT / "results" / "depth" / "depth_table.md").read_text()
+    assert tests == (ROOT / "results" / "depth" / "depth_tests.md").read_text()
     spec = importlib.util.spec_from_file_location("embed", ROOT / "analyses" / "reproduction" / "embed_tables.py")
     embed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(embed)
     text = (ROOT / "docs" / "depth.md").read_text()
     refreshed, count = embed.embed(text)
-    assert count >= 1 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/depth.md
+    assert count == 2 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/depth.md

@@ -1,6 +1,6 @@
 """The depth and placement onset table of docs/depth.md, from the records analyses/depth/run_cpu.sh trains.
 
-    python analyses/depth/table.py [RECORDS] [--out results/depth/depth_table.md]
+    python analyses/depth/table.py [RECORDS] [--out results/depth]   # depth_table.md, depth_tests.md
 
 One row per configuration (preset, placement, per-layer norms, task), one column group per depth: the
 onset (first evaluated epoch with test accuracy > 0.95, every evaluated epoch) mean ± std over the seeds with
@@ -90,7 +90,8 @@ def paper_cell(key: str) -> str:
     return f"{row['mean']:,} ± {row['std']:,}"
 
 
-def build(root: Path) -> str:
+def build(root: Path) -> tuple[str, str]:
+    """(the onset table with its notes, the table of tests), as Markdown."""
     data, notes = collect(root)
     tasks = sorted({t for t, _, _ in data})
     lines = ["| task | configuration | 1 layer: onset mean ± std [95% CI] | 2 layers | paper, 1 layer (Table 1, lr 6e-4) |",
@@ -100,7 +101,7 @@ def build(root: Path) -> str:
         for key in keys:
             lines.append(f"| {task} | {key} | {cell(data.get((task, key, 1)))} | {cell(data.get((task, key, 2)))} | "
                          f"{paper_cell(key) if task == 'add p=113' else '-'} |")
-    tests = ["", "One-sided Mann-Whitney U on the per-seed onsets (a seed without an onset ranks last):", "",
+    tests = ["One-sided Mann-Whitney U on the per-seed onsets (a seed without an onset ranks last):", "",
              "| task | question | layers | p |", "| --- | --- | --- | --- |"]
     for task in tasks:
         for layers in (1, 2):
@@ -115,21 +116,23 @@ def build(root: Path) -> str:
             if one and two:
                 tests.append(f"| {task} | {key}: 2 layers earlier than 1 | 2 vs 1 | {earlier(two, one)} |")
                 tests.append(f"| {task} | {key}: 1 layer earlier than 2 | 1 vs 2 | {earlier(one, two)} |")
-    body = "\n".join(lines + tests)
+    onsets = "\n".join(lines)
     if notes:
-        body += "\n\nNotes:\n\n" + "\n".join(f"- {n}" for n in notes)
-    return body + "\n"
+        onsets += "\n\nNotes:\n\n" + "\n".join(f"- {n}" for n in notes)
+    return onsets + "\n", "\n".join(tests) + "\n"
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("records", nargs="?", default="results/depth/records")
-    ap.add_argument("--out", default="results/depth/depth_table.md")
+    ap.add_argument("--out", default="results/depth", help="folder for depth_table.md and depth_tests.md")
     args = ap.parse_args(argv)
-    text = build(Path(args.records))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text, end="")
+    onsets, tests = build(Path(args.records))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "depth_table.md").write_text(onsets)
+    (out / "depth_tests.md").write_text(tests)
+    print(onsets + "\n" + tests, end="")
 
 
 if __name__ == "__main__":
