@@ -7,7 +7,9 @@ each chain back to it; geolens supplies two adapters to its interface:
 - the dataset: a HuggingFace `datasets.Dataset` with an `input_ids` column; each row is an example's tokens
   with its label appended ([a, b, =, label]);
 - the loss: devinterp asks for a per-token loss of shape (batch, seq - 1); geolens's loss is the cross-entropy
-  at `=` alone, so every column of an example's row holds that example's loss (their mean is the mean loss).
+  at `=` alone, so every column of an example's row holds that example's loss (their mean is the mean loss),
+  its logits from the fastest exact engine (the fast engine for one-layer post-norm models: SGLD needs only
+  first derivatives).
 GeoTransformer accepts HookedTransformer's `to(device, print_details=...)`, which devinterp calls on models
 with a TransformerLens-style cfg.
 
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
+from geolens.model.engines import choose_engine
 from geolens.model.transformer import param_group
 
 COMPONENTS = ("embed", "attn", "mlp", "unembed")
@@ -76,8 +79,10 @@ def sample_llc(model: torch.nn.Module, rows: Int[Tensor, "N k"], loss_fn, settin
 
 
 def _loss_at_eq(model, input_ids: Tensor) -> Tensor:
-    """Cross-entropy at `=` of rows [a, b, =, label], repeated over the (seq - 1) columns devinterp expects."""
-    loss = F.cross_entropy(model(input_ids[:, :-1])[:, -1], input_ids[:, -1], reduction="none")
+    """Cross-entropy at `=` of rows [a, b, =, label], repeated over the (seq - 1) columns devinterp expects; the
+    logits come from the fastest engine that computes the model exactly (geolens.model.engines, 'auto')."""
+    logits = choose_engine(model.cfg, "auto")[0].logits(model, input_ids[:, :-1])
+    loss = F.cross_entropy(logits, input_ids[:, -1], reduction="none")
     return loss[:, None].expand(-1, input_ids.shape[1] - 1)
 
 
