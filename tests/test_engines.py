@@ -251,6 +251,14 @@ def test_precursor_columns_of_the_deep_engine_equal_the_hooked_ones():
     assert rows["deep"]["erank_resid_L0"] == pytest.approx(float(participation_ratio(x)), rel=1e-4)
 
 
+def test_an_empty_batch_and_a_wrong_shape():
+    model = GeoTransformer(_cfg("ln-pre-3"))
+    tokens = make_dataset(model.cfg).train[0]
+    assert engine_named("deep").logits(model, tokens[:0]).shape == (0, model.cfg.d_vocab_out)
+    with pytest.raises(GeoError, match=r"tokens of shape \[batch, 3\]"):
+        engine_named("deep").logits(model, tokens[:, :2])
+
+
 def test_every_config_field_is_declared_by_the_deep_engine():
     declared = {f for f, _ in deep.DEEP_CHOICES} | deep.DEEP_VALUE_FIELDS | deep.DEEP_IGNORED_FIELDS
     assert declared == {f.name for f in dataclasses.fields(GeoConfig)}

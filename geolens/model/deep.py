@@ -8,9 +8,11 @@ statement of geolens.model.transformer with autograd, doing only the work the tr
 - only the last position (`=`) reaches the logits, so the last layer computes keys and values at every
   position but its query, attention output, MLP, final norm and readout at `=` alone; earlier layers
   compute every position (their outputs feed the last layer's keys and values);
-- layer 0's input depends only on (token, position): its stream rows, its attention input (post-norm:
-  embed_norm(W_E[t] + W_pos[j]); pre-norm: ln1(W_E[t] + W_pos[j])) and their Q, K, V projections are
-  tables of n_ctx * d_vocab rows, gathered per example (no [B * n_ctx, D] x [D, 3 H d_head] matmul).
+- layer 0's input depends only on (token, position): its stream rows (post-norm: embed_norm(W_E[t] +
+  W_pos[j]); pre-norm: W_E[t] + W_pos[j]) are a table of n_ctx * d_vocab rows, and so is its attention:
+  the scores of every (query row, key row) pair [n V, n V, H] and the value-output rows A0 W_V[h] W_O[h]
+  [n V, H, D], read per example by a gather and an embedding bag (_table_attention): layer 0 does no
+  per-example Q, K, V or O matmul.
 
 Per layer (post-norm; pre-norm as in transformer.py, with ln1 / ln2 before the sublayers and ln_final
 before the readout), M members, B examples, n = n_ctx positions, nq query positions (n, or 1 in the last
@@ -230,14 +232,12 @@ def _forward(cfg: GeoConfig, P: dict[str, Tensor], tokens: Int[Tensor, "M B n"],
         parts = ("W_V",) if uniform else (("W_K", "W_V") if skip_q else ("W_Q", "W_K", "W_V"))
         return torch.cat([P[f"blocks.{layer}.attn.{w}"].permute(0, 2, 1, 3).reshape(M, D, HD) for w in parts], -1)
 
-    def split(qkv: Tensor, nq: int) -> tuple[Tensor | None, Tensor | None, Tensor]:
-        """(q at the last nq positions, k, v) of qkv [M, B, n, k * H * dh]."""
+    def split(qkv: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor]:
+        """(q, k, v) of qkv [M, B, n, k * H * dh] (q None: uniform, or the last layer's, computed at `=` alone)."""
         parts = qkv.view(M, B, n, -1, H, dh).unbind(3)  # (unbind: its backward stacks, no zero-filled buffers)
         if uniform:
             return None, None, parts[0]
-        if len(parts) == 2:  # the last layer's q is computed at `=` alone (by the caller)
-            return None, *parts
-        return parts[0][:, :, n - nq :], parts[1], parts[2]
+        return (None, *parts) if len(parts) == 2 else parts
 
     # layer 0 from per-(token, position) tables: row j * V + t (member m's rows start at m * n * V)
     X0 = (P["embed.W_E"][:, None] + P["pos_embed.W_pos"][:, :n, None]).reshape(M, n * V, D)
@@ -257,7 +257,7 @@ def _forward(cfg: GeoConfig, P: dict[str, Tensor], tokens: Int[Tensor, "M B n"],
             a_in = norm(names.attn(layer), kinds[layer], h) if names.pre else h
             W = projections(layer, skip_q=last)
             qkv = torch.bmm(a_in.reshape(M, B * n, D), W).view(M, B, n, -1)
-            q, k, v = split(qkv, nq)
+            q, k, v = split(qkv)
             if last and not uniform:
                 Wq = P[f"blocks.{layer}.attn.W_Q"].permute(0, 2, 1, 3).reshape(M, D, HD)
                 q = torch.bmm(a_in[:, :, -1], Wq).view(M, B, 1, H, dh)
@@ -299,6 +299,8 @@ def stacked_deep_logits(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[
     {name: [M, *shape]}, member m on tokens[m] [B, n_ctx]; equal to GeoTransformer(params[:, m])(tokens[m])[:, -1]
     up to float rounding, gradients flowing to `params`. tau: the bounded readout's temperature (default cfg.tau)."""
     _check(cfg, tokens)
+    if tokens[0].shape[0] == 0:
+        return params["unembed.W_U"].new_zeros(len(tokens), 0, cfg.d_vocab_out)
     return _forward(cfg, params, torch.stack(tokens), cfg.tau if tau is None else tau)
 
 
