@@ -119,6 +119,10 @@ def test_the_deep_engines_count_is_the_exact_count_plus_its_bags():
         nq = 1 if L == 1 else 3
         assert deep_flops(cfg, 10, backward=False) == 2 * 10 * (bench.exact_macs(cfg) + nq * 3 * 4 * 128)
         assert deep_flops(cfg, 10) == 3 * deep_flops(cfg, 10, backward=False)
+        from geolens.model.engines import engine_named
+
+        assert engine_named("hooked").flops(cfg, 10, False) == 2 * 10 * bench.straightforward_macs(cfg)
+        assert engine_named("deep").flops(cfg, 10, True) == deep_flops(cfg, 10)
 
 
 def test_bench_landscape_prints_every_metric_against_an_epoch(capsys, tmp_path):

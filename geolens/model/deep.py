@@ -46,7 +46,7 @@ from geolens.model.config import ATTENTIONS, NORMS, PLACEMENTS, TASKS, UNEMBEDS,
 from geolens.model.fast import _mm
 from geolens.model.readout import bounded_readout
 
-__all__ = ["deep_unsupported_reason", "deep_logits", "stacked_deep_logits", "deep_eq_values", "deep_flops"]
+__all__ = ["deep_unsupported_reason", "deep_logits", "stacked_deep_logits", "deep_eq_values", "deep_flops", "full_flops"]
 
 # every GeoConfig field is classified (tests/test_engines.py checks the cover): the choices this engine
 # computes, the fields read as values, and those that are no part of the forward
@@ -85,6 +85,14 @@ def deep_flops(cfg: GeoConfig, n_examples: int, backward: bool = True) -> int:
     middle = max(L - 2, 0) * full
     last = (n * 2 * D * HD + D * HD + 2 * n * HD + HD * D if L > 1 else 0) + 2 * D * Dm + D * C
     return 2 * n_examples * (layer0 + middle + last) * (3 if backward else 1)
+
+
+def full_flops(cfg: GeoConfig, n_examples: int, backward: bool = True) -> int:
+    """FLOPs of the straightforward forward (x3 with the backward): every position in every layer, logits at
+    every position (the hooked model's work)."""
+    D, HD, Dm, n, C = cfg.d_model, cfg.n_heads * cfg.d_head, cfg.d_mlp, cfg.n_ctx, cfg.d_vocab_out
+    per_example = cfg.n_layers * n * (4 * D * HD + 2 * D * Dm + 2 * n * HD) + n * D * C
+    return 2 * n_examples * per_example * (3 if backward else 1)
 
 
 def _eps(cfg: GeoConfig, kind: str) -> float:

@@ -21,9 +21,10 @@ from torch import Tensor
 
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig
-from geolens.model.deep import deep_eq_values, deep_forward_with_values, deep_logits, deep_unsupported_reason, \
-    stacked_deep_logits
-from geolens.model.fast import FastEq, fast_eq_forward, fast_logits, fast_unsupported_reason, stacked_fast_logits
+from geolens.model.deep import deep_eq_values, deep_flops, deep_forward_with_values, deep_logits, \
+    deep_unsupported_reason, full_flops, stacked_deep_logits
+from geolens.model.fast import FastEq, fast_eq_forward, fast_flops, fast_logits, fast_unsupported_reason, \
+    stacked_fast_logits
 
 Acts = dict[str, Tensor]  # activation_names(cfg) -> values at `=` (see there)
 
@@ -50,6 +51,7 @@ class Engine:
     train_forward(model, tokens, record) -> (logits [B, C], Acts or None): the training step's forward;
         with record, the activations the precursor columns read when the engine has them for free.
     eq_activations(model, tokens) -> Acts (no grad).
+    flops(cfg, n_examples, backward) -> the FLOPs of its matmul-like work (training.resources' time estimate).
     eq_forward(model, tokens) -> geolens.model.fast.FastEq, or None: the analysis forward of every value at `=`
         where the engine has one (fast); geolens.analysis.eqforward names its values by hook, and logits(model,
         tokens, reuse=(that, rows)) reuses it for gradients.
@@ -61,6 +63,7 @@ class Engine:
     stacked_logits: Callable[..., Tensor]
     train_forward: Callable[..., tuple[Tensor, Acts | None]]
     eq_activations: Callable[..., Acts]
+    flops: Callable[[GeoConfig, int, bool], int]
     eq_forward: Callable[..., FastEq] | None = None
 
 
@@ -105,13 +108,15 @@ def _hooked_acts(model, tokens: Int[Tensor, "N n_ctx"]) -> Acts:
 ENGINES: tuple[Engine, ...] = (
     Engine("fast", fast_unsupported_reason, fast_logits,
            lambda model, params, tokens: stacked_fast_logits(model.cfg, params, tokens, model.unembed.tau),
-           _fast_train_forward, _fast_acts, fast_eq_forward),
+           _fast_train_forward, _fast_acts, lambda cfg, n, backward: sum(fast_flops(cfg, n, backward).values()),
+           fast_eq_forward),
     Engine("deep", deep_unsupported_reason, deep_logits,
            lambda model, params, tokens: stacked_deep_logits(model.cfg, params, tokens, model.unembed.tau),
            _deep_train_forward,
-           lambda model, tokens: {n: v for n, v in deep_eq_values(model, tokens).items() if n in activation_names(model.cfg)}),
+           lambda model, tokens: {n: v for n, v in deep_eq_values(model, tokens).items() if n in activation_names(model.cfg)},
+           deep_flops),
     Engine("hooked", lambda cfg: None, lambda model, tokens: model(tokens)[:, -1], _hooked_stacked,
-           lambda model, tokens, record: (model(tokens)[:, -1], None), _hooked_acts),
+           lambda model, tokens, record: (model(tokens)[:, -1], None), _hooked_acts, full_flops),
 )
 ENGINE_NAMES = tuple(e.name for e in ENGINES)
 

@@ -47,15 +47,11 @@ def estimate_hours(cfg: GeoConfig, members: int = 1) -> float | None:
     """Rough CPU wall time of the run (None on a GPU): matmul-like FLOPs at CPU_FLOPS_PER_THREAD per thread."""
     if cfg.device != "cpu":
         return None
-    from geolens.model.deep import deep_flops
-    from geolens.model.fast import fast_flops, fast_unsupported_reason
+    from geolens.model.engines import choose_engine
 
-    def flops(n: int, backward: bool) -> int:  # the fast engine's count where it serves the model, else the deep one's
-        return sum(fast_flops(cfg, n, backward).values()) if fast_unsupported_reason(cfg) is None else \
-            deep_flops(cfg, n, backward)
-
+    engine, _ = choose_engine(cfg)  # the engine the run will train on, and its own count
     n_train, n_test = cfg.split_sizes
-    per_epoch, per_eval = flops(n_train, True), flops(n_test, False)
+    per_epoch, per_eval = engine.flops(cfg, n_train, True), engine.flops(cfg, n_test, False)
     total = members * (cfg.epochs * per_epoch + cfg.epochs / cfg.eval_every * per_eval)
     return total / (CPU_FLOPS_PER_THREAD * torch.get_num_threads()) / 3600
 
