@@ -19,6 +19,7 @@ def test_train_info_and_resume(tmp_path, geolens):
     assert header["config"]["data_seed"] == 3  # the split follows --seed, as a sweep's seed_3 member's
     r = geolens("info", "--run", str(out))
     assert r.returncode == 0 and "last_epoch" in r.stdout and "20" in r.stdout
+    assert "1 layer, post-norm sphere, bounded readout, learned attention" in r.stdout and "adamw" in r.stdout
     r = geolens("train", "--out", str(out), "--resume", "--preset", "ln", "--epochs", "30", "--quiet")
     assert r.returncode == 2 and "drop --preset" in r.stderr  # not silently ignored
     r = geolens("train", "--out", str(out), "--resume", "--epochs", "30", "--quiet")

@@ -107,6 +107,13 @@ class Run:
             raise GeoError(f"checkpoint {self.dir.ckpt_path(step)} does not match the run's config: {e}") from None
         return model.eval()
 
+    def _model_text(self) -> str:
+        """The topology in words: '2 layers, post-norm sphere,layernorm, bounded readout, learned attention'."""
+        cfg = self.config
+        layers = f"{cfg.n_layers} layer{'s' if cfg.n_layers > 1 else ''}"
+        return (f"{layers}, {cfg.norm_placement}-norm {cfg.norm}, {cfg.unembed} readout, {cfg.attention} attention"
+                + (", causal" if cfg.causal else ""))
+
     def summary(self, forecast: ThresholdRule | None = None) -> dict[str, Any]:
         """What `geolens info` prints; forecast: a rule to replay on the record (default: the one the run
         was trained with, run.json `forecast`)."""
@@ -123,8 +130,10 @@ class Run:
             "n_perm": self.config.n_perm if self.config.task == "perm" else None,
             "seed": self.config.seed,
             "data_seed": self.config.data_seed,
+            "model": self._model_text(),
             "lr": self.config.lr,
             "weight_decay": self.config.weight_decay,
+            "optimizer": self.config.optimizer,
             "status": self.header.get("status"),
             "engine": self.header.get("engine"),
             "split": f"{self.header.get('n_train')} train / {self.header.get('n_test')} test",
