@@ -8,8 +8,8 @@ an onset, its bootstrap 95% interval (outputs.stats, scipy.stats.bootstrap), the
 within their budget, and the paper's one-layer row (Table 1, lr 6e-4) where one exists. Then the tests the
 verdicts of docs/depth.md rest on, each a one-sided Mann-Whitney U (scipy.stats.mannwhitneyu) on the
 per-seed onsets, a seed without an onset ranked after every onset (censored at its budget): does a
-configuration grok earlier than LayerNorm at the same depth and placement, and does depth change a
-configuration's onset. Provenance notes (runset.found_runs) say which commits trained the records.
+configuration grok earlier than LayerNorm at the same depth and placement, does the post-norm placement grok
+earlier than the same norms as pre-norms, and does depth change a configuration's onset. Provenance notes (runset.found_runs) say which commits trained the records.
 """
 
 from __future__ import annotations
@@ -111,6 +111,11 @@ def build(root: Path) -> tuple[str, str]:
                     if ln and not key.startswith("ln_") and data.get((task, key, layers)):
                         tests.append(f"| {task} | {key} earlier than ln_{placement} | {layers} | "
                                      f"{earlier(data[(task, key, layers)], ln)} |")
+        for layers in (1, 2):  # the placement: post-norm earlier than the same norms as pre-norms
+            for base in sorted({k.rsplit("_", 1)[0] for t, k, L in data if t == task and L == layers}):
+                post, pre = data.get((task, f"{base}_post", layers)), data.get((task, f"{base}_pre", layers))
+                if post and pre:
+                    tests.append(f"| {task} | {base}_post earlier than {base}_pre | {layers} | {earlier(post, pre)} |")
         for key in sorted({k for t, k, _ in data if t == task}):
             one, two = data.get((task, key, 1)), data.get((task, key, 2))
             if one and two:
