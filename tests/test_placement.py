@@ -119,7 +119,7 @@ def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
     """The fast engine, the post-norm logit attribution and probe refuse it in one line; the other metrics run on
     the model's own forward; training takes the deep engine and records every precursor column; a fork switches
     it to post-norm with each norm's state mapped."""
-    from geolens.analysis.registry import TOPOLOGY_AGNOSTIC, compute_metrics
+    from geolens.analysis.registry import TOPOLOGY_AGNOSTIC, compute_metrics, default_metrics
     from geolens.model.fast import fast_unsupported_reason
     from geolens.model.engines import choose_engine
 
@@ -133,7 +133,8 @@ def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
     model, data = GeoTransformer(cfg), make_dataset(cfg)
     rows, skipped = compute_metrics(model, cfg, data)
     assert list(skipped) == ["dla"] and "not served for norm_placement = 'pre'" in skipped["dla"]
-    assert TOPOLOGY_AGNOSTIC < set(rows) and {"keyfreq_wl_fft", "restricted_loss", "attn_eq", "layer_spectrum"} < set(rows)
+    assert TOPOLOGY_AGNOSTIC & set(default_metrics()) < set(rows)  # (the opt-in ones are not computed unasked)
+    assert {"keyfreq_wl_fft", "restricted_loss", "attn_eq", "layer_spectrum"} < set(rows)
     # what the placement-free metrics read is the pre-norm model's own forward: its logits and patterns
     logits, cache = model.run_with_cache(data.tokens)
     acc = float((logits[:, -1].argmax(-1) == data.labels)[data.test_idx].float().mean())
@@ -189,10 +190,13 @@ def test_config_identity_is_stable_for_post_norm_runs_recorded_before_placement(
     import hashlib
     import json
 
+    from geolens.model.config import HASHED_UNLESS_DEFAULT
+
     cfg = make_config("ln", **SMALL)
-    before = {k: v for k, v in cfg.to_dict().items() if k != "norm_placement"}
+    before = {k: v for k, v in cfg.to_dict().items() if k not in HASHED_UNLESS_DEFAULT}
     assert cfg.sha256() == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
     assert cfg.replace(norm_placement="pre").sha256() != cfg.sha256()
+    assert cfg.replace(optimizer="muon").sha256() != cfg.sha256()
 
 
 def test_the_post_norm_decomposition_refuses_a_pre_norm_model():
