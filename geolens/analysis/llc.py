@@ -78,12 +78,17 @@ def sample_llc(model: torch.nn.Module, rows: Int[Tensor, "N k"], loss_fn, settin
             "per_chain": out.llc_per_chain.values.tolist(), "trace": out.loss_trace.values.tolist()}
 
 
-def _loss_at_eq(model, input_ids: Tensor) -> Tensor:
-    """Cross-entropy at `=` of rows [a, b, =, label], repeated over the (seq - 1) columns devinterp expects; the
-    logits come from the fastest engine that computes the model exactly (geolens.model.engines, 'auto')."""
-    logits = choose_engine(model.cfg, "auto")[0].logits(model, input_ids[:, :-1])
-    loss = F.cross_entropy(logits, input_ids[:, -1], reduction="none")
-    return loss[:, None].expand(-1, input_ids.shape[1] - 1)
+def loss_at_eq(model):
+    """devinterp's loss_fn for `model`: the cross-entropy at `=` of rows [a, b, =, label], repeated over the
+    (seq - 1) columns devinterp expects; the logits come from the fastest engine that computes the model exactly
+    (geolens.model.engines, 'auto'; chosen once, not at every SGLD step)."""
+    engine, _ = choose_engine(model.cfg, "auto")
+
+    def loss_fn(m, input_ids: Tensor) -> Tensor:
+        loss = F.cross_entropy(engine.logits(m, input_ids[:, :-1]), input_ids[:, -1], reduction="none")
+        return loss[:, None].expand(-1, input_ids.shape[1] - 1)
+
+    return loss_fn
 
 
 def component_masks(model, component: str | None) -> dict[str, Tensor | None] | None:
@@ -99,7 +104,7 @@ def model_llc(model, tokens: Int[Tensor, "N n_ctx"], labels: Int[Tensor, "N"], s
     rows = torch.cat([tokens, labels[:, None]], 1)
     was = torch.get_num_threads()
     try:
-        return sample_llc(model, rows, _loss_at_eq, settings, component_masks(model, component))
+        return sample_llc(model, rows, loss_at_eq(model), settings, component_masks(model, component))
     finally:
         torch.set_num_threads(was)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Int
 from torch import Tensor
 
 from geolens.errors import GeoError
@@ -89,7 +89,12 @@ def _deep_train_forward(model, tokens: Tensor, record: bool) -> tuple[Tensor, Ac
     if not record:
         return deep_logits(model, tokens), None
     logits, values = deep_forward_with_values(model, tokens)
-    return logits, {name: values[name] for name in activation_names(model.cfg)}
+    return logits, _named(model.cfg, values)
+
+
+def _named(cfg: GeoConfig, values: dict[str, Tensor]) -> Acts:
+    """The activation_names entries of a deep forward's values."""
+    return {name: values[name] for name in activation_names(cfg)}
 
 
 # ---- hooked ------------------------------------------------------------------------------------
@@ -113,8 +118,7 @@ ENGINES: tuple[Engine, ...] = (
     Engine("deep", deep_unsupported_reason, deep_logits,
            lambda model, params, tokens: stacked_deep_logits(model.cfg, params, tokens, model.unembed.tau),
            _deep_train_forward,
-           lambda model, tokens: {n: v for n, v in deep_eq_values(model, tokens).items() if n in activation_names(model.cfg)},
-           deep_flops),
+           lambda model, tokens: _named(model.cfg, deep_eq_values(model, tokens)), deep_flops),
     Engine("hooked", lambda cfg: None, lambda model, tokens: model(tokens)[:, -1], _hooked_stacked,
            lambda model, tokens, record: (model(tokens)[:, -1], None), _hooked_acts, full_flops),
 )
@@ -147,8 +151,3 @@ def choose_engine(cfg: GeoConfig, requested: str | None = None) -> tuple[Engine,
             return engine, why + (f" ({'; '.join(skipped)})" if skipped else "")
         skipped.append(f"{engine.name}: {reason}")
     raise AssertionError("the hooked engine computes every model")
-
-
-def logits_at_eq(model, tokens: Int[Tensor, "B n_ctx"]) -> Float[Tensor, "B C"]:
-    """Logits at `=` by the engine cfg.engine chooses (differentiable)."""
-    return choose_engine(model.cfg)[0].logits(model, tokens)

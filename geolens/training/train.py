@@ -41,7 +41,7 @@ from geolens.training.engine import (
     training_device,
 )
 from geolens.training.controls import Controls
-from geolens.training.precursor_columns import PrecursorProbe, eq_activations
+from geolens.training.precursor_columns import PrecursorProbe
 from geolens.training.progress_bar import EpochProgress, run_stats
 from geolens.training.recording import (
     evaluated_row,
