@@ -5,7 +5,6 @@ import itertools
 
 import pytest
 import torch
-from conftest import one_line_error
 
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig, make_config
@@ -115,10 +114,49 @@ def test_transformer_lens_residual_tools_are_exact_on_pre_norm(preset):
                           normalized, atol=1e-9)
 
 
+@pytest.mark.parametrize("preset", ["ln", "rms", "fb"])
+def test_pre_norm_logit_attribution_equals_transformer_lens(preset):
+    """dla of a pre-norm model: each head's and the embedding's score equal TransformerLens's stack_head_results /
+    decompose_resid read through apply_ln_to_stack and tokens_to_residual_directions; the parts add up to the score
+    read off the logits; the last MLP's neurons add up to its part."""
+    from geolens.analysis.circuit import direct_logit_attribution
+    from geolens.analysis.eqforward import eq_from_cache
+
+    cfg = make_config(preset, norm_placement="pre", n_layers=2, **SMALL)
+    model = _perturbed(cfg).double()
+    data = make_dataset(cfg)
+    tokens, labels = data.tokens[::5], data.labels[::5]
+    logits, cache = model.run_with_cache(tokens)
+    dla = direct_logit_attribution(model, cfg, eq_from_cache(logits, cache, cfg), labels)
+    assert "pre-norm" in dla.attribution_point
+    assert (dla.total - dla.actual).abs().max() < 1e-10
+
+    C = cfg.n_classes
+    directions = model.tokens_to_residual_directions(torch.arange(C)) / (cfg.tau if cfg.unembed == "bounded" else 1.0)
+
+    def score(parts):  # [k, N, d_model] through ln_final -> [k, N] correct minus mean of the others
+        s = cache.apply_ln_to_stack(parts, pos_slice=-1) @ directions.T  # [k, N, C]
+        correct = s.gather(2, labels[None, :, None].expand(len(s), -1, 1))[..., 0]
+        return correct - (s.sum(-1) - correct) / (C - 1)
+
+    heads, names = cache.stack_head_results(layer=-1, pos_slice=-1, return_labels=True)
+    assert names[:2] == ["L0H0", "L0H1"]
+    for name, expected in zip(names, score(heads)):
+        assert torch.allclose(dla.components[name], expected, atol=1e-10), name
+    stack, names = cache.decompose_resid(pos_slice=-1, return_labels=True)
+    expected = dict(zip(names, score(stack)))
+    assert torch.allclose(dla.components["embed_pos"], expected["embed"] + expected["pos_embed"], atol=1e-10)
+    for layer in (0, 1):  # the MLP's part is its output less b_out (which goes to 'bias')
+        b_out = model.blocks[layer].mlp.b_out.detach().expand(len(labels), -1)[None]
+        assert torch.allclose(dla.components[f"mlp_L{layer}"], expected[f"{layer}_mlp_out"] - score(b_out)[0], atol=1e-10)
+    assert dla.neurons.sum() == pytest.approx(float(dla.components["mlp_L1"].mean()), abs=1e-10)
+    assert dla.components["mlp_L1"].abs().max() > 1e-3  # the parts are not trivially zero
+
+
 def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
-    """The fast engine, the post-norm logit attribution and probe refuse it in one line; the other metrics run on
-    the model's own forward; training takes the deep engine and records every precursor column; a fork switches
-    it to post-norm with each norm's state mapped."""
+    """The fast engine refuses it in one line; every metric runs on the model's own forward (the logit attribution
+    in its pre-norm form); training takes the deep engine and records every precursor column; probe reads it; a
+    fork switches it to post-norm with each norm's state mapped."""
     from geolens.analysis.registry import TOPOLOGY_AGNOSTIC, compute_metrics, default_metrics
     from geolens.model.fast import fast_unsupported_reason
     from geolens.model.engines import choose_engine
@@ -132,7 +170,7 @@ def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
         choose_engine(one.replace(engine="fast"))
     model, data = GeoTransformer(cfg), make_dataset(cfg)
     rows, skipped = compute_metrics(model, cfg, data)
-    assert list(skipped) == ["dla"] and "not served for norm_placement = 'pre'" in skipped["dla"]
+    assert skipped == {} and rows["dla"]["dla_recon_err"] < 1e-5
     assert TOPOLOGY_AGNOSTIC & set(default_metrics()) < set(rows)  # (the opt-in ones are not computed unasked)
     assert {"keyfreq_wl_fft", "restricted_loss", "attn_eq", "layer_spectrum"} < set(rows)
     # what the placement-free metrics read is the pre-norm model's own forward: its logits and patterns
@@ -153,7 +191,7 @@ def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
     last = run.metrics[-1]
     assert all(last[c] == last[c] for c in ("attn_var", "erank_resid", "erank_mlp", "wl_gini", "wn_norm"))  # not NaN
     r = geolens("probe", "--run", tmp_path / "pre", "--step", 20)
-    assert r.returncode == 2 and "probe reads the circuit of post-norm models" in one_line_error(r.stderr)
+    assert r.returncode == 0 and "L1H" in r.stdout, r.stderr
     r = geolens("fork", "--run", tmp_path / "pre", "--step", 20, "--set", "norm_placement=post", "--epochs", 30,
                 "--out", tmp_path / "f")
     assert r.returncode == 0, r.stderr

@@ -58,6 +58,19 @@ def test_changed_definition_or_checkpoint_invalidates_only_that(run_dir, monkeyp
     assert cache["metrics"]["weight_norm"]["version"] == "999"
 
 
+def test_a_cached_skip_is_recomputed_once_the_metric_serves_the_config(run_dir, tmp_path):
+    """A cache entry that says a metric was skipped (written when geolens did not serve that config) is stale
+    when the metric now applies: the next analyze computes it; a skip whose reason still holds stays cached."""
+    run_path = _copy_run(run_dir, tmp_path / "run")
+    analyze_run(load_run(run_path), metrics=["dla", "loss"], progress=False)
+    path = run_path / "analysis" / "cache" / "step_0000040.json"
+    entry = json.loads(path.read_text())
+    entry["metrics"]["dla"] = {"version": METRICS["dla"].version, "skipped": "not served for this model (an older geolens)"}
+    path.write_text(json.dumps(entry))
+    traj = analyze_run(load_run(run_path), metrics=["dla", "loss"], progress=False)
+    assert traj.computed == 1 and traj.skipped == {} and "dla_total" in traj.values[40]["dla"]
+
+
 def test_subset_of_metrics_and_steps(tmp_path, run_dir):
     shutil.copytree(run_dir, tmp_path / "run", ignore=shutil.ignore_patterns("analysis"))
     traj = analyze_run(load_run(tmp_path / "run"), metrics=["loss", "fve_paper"], steps=[35, 119], progress=False)

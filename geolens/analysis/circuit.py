@@ -18,6 +18,14 @@ reach `=` only through attention, so the `=` embedding is constant anyway). The 
 linearisation, with embed_norm frozen too and every position, layer, head and neuron, is
 geolens.model.decompose (model.run_with_cache's cache.decompose_resid / get_full_resid_decomposition).
 
+Direct logit attribution in a PRE-norm model
+--------------------------------------------
+With norm_placement = 'pre' the residual stream is a plain sum (HookedTransformer's identity) and only
+ln_final stands between it and the readout. The final stream at `=` (blocks.{L-1}.hook_resid_post)
+is split into the embedding (blocks.0.hook_resid_pre), each head's z_h W_O^h, each MLP's output less
+b_out, and 'bias' (every b_out and ln_final's offset b); ln_final is linearised at its actual scale
+(as TransformerLens's cache.apply_ln_to_stack does), so the components add up exactly to the score.
+
 Each component is scored by (score of the correct class) - (mean score of the other classes).
 Raw readouts score in logit units. Bounded readouts score in the **normalised space**:
 score = h . W_U[:, c] / ||W_U[:, c]|| = logit / tau (a cosine when h is on the sphere).
@@ -35,7 +43,7 @@ from geolens.analysis.eqforward import EqActivations
 from geolens.analysis.fourier import cos_index, fourier_basis, sin_index
 from geolens.analysis.threads import single_thread
 from geolens.model.config import GeoConfig
-from geolens.model.decompose import norm_kind, norm_linear, norm_offset, pull_back
+from geolens.model.decompose import norm_kind, norm_linear, norm_linear_T, norm_offset, pull_back
 from geolens.model.readout import unit_columns
 
 
@@ -50,6 +58,10 @@ def logit_diff_directions(W: Float[Tensor, "d_model C"]) -> Float[Tensor, "d_mod
     """Column y: W[:, y] minus the mean of the other columns, so h . D[:, y] = score_y - mean others."""
     C = W.shape[1]
     return W - (W.sum(1, keepdim=True) - W) / (C - 1)
+
+
+POST_POINT = "final normalised residual stream at `=` (post-norm; norms linearised at their actual scale)"
+PRE_POINT = "final residual stream at `=` through ln_final (pre-norm; ln_final linearised at its actual scale)"
 
 
 @dataclass
@@ -69,7 +81,7 @@ class DLAResult:
     total: Tensor
     actual: Tensor
     neurons_per_input: Tensor | None = None
-    attribution_point: str = "final normalised residual stream at `=` (post-norm; norms linearised at their actual scale)"
+    attribution_point: str = POST_POINT
 
     def means(self) -> dict[str, float]:
         return {name: float(v.mean()) for name, v in self.components.items()}
@@ -97,10 +109,51 @@ def direct_logit_attribution(
     G pulled back per norm and one per-input factor f [N]. The heads' and the last MLP's neurons'
     scores equal the parts of decompose.residual_parts projected on the same directions; here
     the embedding is one component taken after embed_norm ('embed_pos' = blocks.0.hook_resid_pre,
-    embed_norm's offset included) and 'bias' holds the later norms' offsets and every b_out.
+    embed_norm's offset included) and 'bias' holds the later norms' offsets and every b_out. A pre-norm
+    model's parts are read through ln_final alone (_pre_norm_components; its 'bias': every b_out and ln_final's b).
     per_input_neurons=True also returns the [N, d_mlp] per-input neuron scores (memory heavy).
     """
     D = logit_diff_directions(readout_directions(model, cfg))  # [d_model, C]
+    if cfg.norm_placement == "pre":
+        comps, final_norm, scale_name = _pre_norm_components(model, cfg, eq, labels, D), model.ln_final, "ln_final"
+    else:
+        L = cfg.n_layers - 1
+        comps, final_norm, scale_name = _post_norm_components(model, cfg, eq, labels, D), model.blocks[L].mlp_norm, f"blocks.{L}.mlp_norm"
+    order = ["embed_pos"] + [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
+    order += [f"mlp_L{l}" for l in range(cfg.n_layers)] + ["bias"]
+    comps = {name: comps[name] for name in order}
+    total = torch.stack(list(comps.values())).sum(0)
+    # the real score, read off the logits: correct minus mean of the others (/ tau when bounded)
+    correct = eq.logits.gather(1, labels[:, None])[:, 0]
+    actual = (correct - (eq.logits.sum(1) - correct) / (eq.logits.shape[1] - 1)) / (cfg.tau if cfg.unembed == "bounded" else 1.0)
+
+    # neurons of the last MLP: score_n(x) = post_n(x) / scale(x) * M[n, y(x)], M = lin(W_out) @ D, the final norm's
+    # linear part at scale 1 (post-norm: the last mlp_norm; pre-norm: ln_final)
+    N, L = labels.shape[0], cfg.n_layers - 1
+    post = eq[f"blocks.{L}.mlp.hook_post"]  # [N, d_mlp]
+    M = norm_linear(cfg, final_norm, model.blocks[L].mlp.W_out.detach()) @ D  # [d_mlp, C]
+    inv_scale = None if norm_kind(final_norm) == "none" else eq[f"{scale_name}.hook_scale"][:, 0].reciprocal()
+    # per_class[c] = sum over inputs of class c of post / scale: one bag per class over the inputs sorted by class
+    by_class = torch.argsort(labels, stable=True)
+    counts = torch.bincount(labels, minlength=D.shape[1])
+    per_class = torch.nn.functional.embedding_bag(
+        by_class, post, torch.cumsum(counts, 0) - counts, mode="sum",
+        per_sample_weights=None if inv_scale is None else inv_scale[by_class])  # [C, d_mlp]
+    neurons = (per_class.T * M).sum(1) / N
+    per_input = None
+    if per_input_neurons:
+        per_input = (post if inv_scale is None else post * inv_scale[:, None]) * M.T[labels]
+
+    if cfg.unembed == "bounded":
+        units = "normalised space: score = logit / tau against unit-norm W_U columns (a cosine when h is on the sphere)"
+    else:
+        units = "logit"
+    point = PRE_POINT if cfg.norm_placement == "pre" else POST_POINT
+    return DLAResult(units, comps, neurons, total, actual, per_input, point)
+
+
+def _post_norm_components(model, cfg: GeoConfig, eq: EqActivations, labels: Tensor, D: Tensor) -> dict[str, Tensor]:
+    """The components' [N] scores of a post-norm model, each carried through every later norm (pull_back)."""
     N = labels.shape[0]
     # pulled[j] = (G, f): the score directions at the input of norm j of decompose.norm_chain
     pulled = pull_back(model, D, lambda name: eq[name][:, 0], torch.ones(N, dtype=D.dtype), 2 * cfg.n_layers, stop=1)
@@ -117,9 +170,6 @@ def direct_logit_attribution(
         b = norm_offset(cfg, norm)
         return 0.0 if b is None else const_score(b, j)
 
-    # the real score, read off the logits: correct minus mean of the others (/ tau when bounded)
-    correct = eq.logits.gather(1, labels[:, None])[:, 0]
-    actual = (correct - (eq.logits.sum(1) - correct) / (eq.logits.shape[1] - 1)) / (cfg.tau if cfg.unembed == "bounded" else 1.0)
     comps: dict[str, Tensor] = {}
     bias = torch.zeros(N, dtype=D.dtype)
     for l in reversed(range(cfg.n_layers)):
@@ -138,32 +188,35 @@ def direct_logit_attribution(
             comps[f"L{l}H{h}"] = head_scores[:, h]
     comps["embed_pos"] = score(eq["blocks.0.hook_resid_pre"], 1)
     comps["bias"] = bias
-    order = ["embed_pos"] + [f"L{l}H{h}" for l in range(cfg.n_layers) for h in range(cfg.n_heads)]
-    order += [f"mlp_L{l}" for l in range(cfg.n_layers)] + ["bias"]
-    comps = {name: comps[name] for name in order}
-    total = torch.stack(list(comps.values())).sum(0)
+    return comps
 
-    # neurons of the last MLP: score_n(x) = post_n(x) / scale(x) * M[n, y(x)], M = lin(W_out) @ D
-    last, L = model.blocks[cfg.n_layers - 1], cfg.n_layers - 1
-    post = eq[f"blocks.{L}.mlp.hook_post"]  # [N, d_mlp]
-    M = norm_linear(cfg, last.mlp_norm, last.mlp.W_out.detach()) @ D  # [d_mlp, C]
-    inv_scale = None if norm_kind(last.mlp_norm) == "none" else eq[f"blocks.{L}.mlp_norm.hook_scale"][:, 0].reciprocal()
-    # per_class[c] = sum over inputs of class c of post / scale: one bag per class over the inputs sorted by class
-    by_class = torch.argsort(labels, stable=True)
-    counts = torch.bincount(labels, minlength=D.shape[1])
-    per_class = torch.nn.functional.embedding_bag(
-        by_class, post, torch.cumsum(counts, 0) - counts, mode="sum",
-        per_sample_weights=None if inv_scale is None else inv_scale[by_class])  # [C, d_mlp]
-    neurons = (per_class.T * M).sum(1) / N
-    per_input = None
-    if per_input_neurons:
-        per_input = (post if inv_scale is None else post * inv_scale[:, None]) * M.T[labels]
 
-    if cfg.unembed == "bounded":
-        units = "normalised space: score = logit / tau against unit-norm W_U columns (a cosine when h is on the sphere)"
-    else:
-        units = "logit"
-    return DLAResult(units, comps, neurons, total, actual, per_input)
+def _pre_norm_components(model, cfg: GeoConfig, eq: EqActivations, labels: Tensor, D: Tensor) -> dict[str, Tensor]:
+    """The components' [N] scores of a pre-norm model: the final stream is their plain sum, read through ln_final at
+    its actual scale s: a component x scores (x . lin^T(D[:, y])) / s; ln_final's offset b scores b . D[:, y]."""
+    norm = model.ln_final
+    G = norm_linear_T(cfg, norm, D.T).T  # [d_model, C]
+    f = eq["ln_final.hook_scale"][:, 0].reciprocal() if norm_kind(norm) != "none" else torch.ones(labels.shape[0], dtype=D.dtype)
+
+    def score(x: Tensor) -> Tensor:  # x [N, d_model] written into the stream -> [N]
+        return (x * G.T[labels]).sum(-1) * f
+
+    def const_score(x: Tensor) -> Tensor:  # a vector [d_model] written for every input -> [N]
+        return (G.T @ x)[labels] * f
+
+    offset = norm_offset(cfg, norm)
+    bias = torch.zeros(labels.shape[0], dtype=D.dtype) if offset is None else (D.T @ offset)[labels]
+    comps: dict[str, Tensor] = {"embed_pos": score(eq["blocks.0.hook_resid_pre"])}
+    for l, block in enumerate(model.blocks):
+        head_dirs = torch.einsum("hed,dc->che", block.attn.W_O.detach(), G)  # [C, H, d_head]
+        head_scores = (eq[f"blocks.{l}.attn.hook_z"] * head_dirs[labels]).sum(-1) * f[:, None]  # [N, H]
+        for h in range(cfg.n_heads):
+            comps[f"L{l}H{h}"] = head_scores[:, h]
+        b_out = const_score(block.mlp.b_out.detach())
+        comps[f"mlp_L{l}"] = score(eq[f"blocks.{l}.hook_mlp_out"]) - b_out
+        bias = bias + b_out
+    comps["bias"] = bias
+    return comps
 
 
 # ---- attention at `=` -------------------------------------------------------------------------

@@ -103,10 +103,6 @@ def probe_run(run, step: int) -> Probe:
 
     nearest = run.nearest_step(step)
     model = run.model_at(nearest)
-    if model.cfg.norm_placement != "post":
-        raise GeoError(f"probe reads the circuit of post-norm models; {run.path} is norm_placement = "
-                       f"'{model.cfg.norm_placement}' (not yet served): use geolens analyze (its placement-free metrics) "
-                       "or model.run_with_cache with TransformerLens's ActivationCache tools")
     reason = topology_reason("dla", model.cfg)
     if reason is not None:
         raise GeoError(f"probe reads the circuit of [a, b, =] models with one norm; {run.path}: {reason}; use geolens "

@@ -320,25 +320,19 @@ METRICS: dict[str, MetricSpec] = {
 #: operands an example has (the logits, the weights, the gradients)
 TOPOLOGY_AGNOSTIC = frozenset({"loss", "weight_norm", "softmax_collapse", "zero_loss_fraction", "nlm_cosine",
                                "sharpness", "llc"})
-#: metrics computed with the post-norm stream's formulas (each part carried through the norms that replace the
-#: stream): not served for pre-norm models, where TransformerLens's own decompositions apply
-POST_NORM_ONLY = frozenset({"dla"})
-
-
 def topology_reason(name: str, cfg: GeoConfig) -> str | None:
     """Why metric `name` is not computed for this model's topology (None: it is). The metrics read the logits,
-    the weights and the activations at `=` by hook name, which every depth, placement and hybrid has; the
-    direct logit attribution (POST_NORM_ONLY) is written for the post-norm stream and is declared not served
-    for pre-norm models rather than given those formulas; 3-operand tasks run only TOPOLOGY_AGNOSTIC (the
-    others are built on the [a, b] grid)."""
-    if name in TOPOLOGY_AGNOSTIC:
+    the weights and the activations at `=` by hook name, which every depth, placement and hybrid has (the
+    direct logit attribution has a post-norm and a pre-norm form); 3-operand tasks run only TOPOLOGY_AGNOSTIC
+    (the others are built on the [a, b] grid)."""
+    if name in TOPOLOGY_AGNOSTIC or cfg.n_operands == 2:
         return None
-    if cfg.n_operands != 2:
-        return f"not yet served for task '{cfg.task}' ({cfg.n_operands} operands; written for [a, b, =] grids)"
-    if cfg.norm_placement != "post" and name in POST_NORM_ONLY:
-        return (f"not served for norm_placement = '{cfg.norm_placement}' (written for the post-norm stream); "
-                "TransformerLens's cache.logit_attrs on decompose_resid applies to pre-norm runs")
-    return None
+    return f"not yet served for task '{cfg.task}' ({cfg.n_operands} operands; written for [a, b, =] grids)"
+
+
+def skip_reason(name: str, cfg: GeoConfig) -> str | None:
+    """Why metric `name` is skipped for this config (its topology or its applies()), None when it is computed."""
+    return topology_reason(name, cfg) or METRICS[name].applies(cfg)
 
 
 def compute_metrics(
@@ -372,12 +366,11 @@ def compute_metrics(
     skipped: dict[str, str] = {}
     with torch_threads(num_threads):
         for name in names:
-            spec = METRICS[name]
-            reason = topology_reason(name, context.cfg) or spec.applies(context.cfg)
+            reason = skip_reason(name, context.cfg)
             if reason is not None:
                 skipped[name] = reason
                 continue
-            rows[name] = {k: float(v) for k, v in spec.fn(context).items()}
+            rows[name] = {k: float(v) for k, v in METRICS[name].fn(context).items()}
     return rows, skipped
 
 

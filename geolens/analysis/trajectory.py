@@ -272,6 +272,7 @@ def analyze_run(
     workers need the `if __name__ == "__main__":` guard (the spawn start method).
     out: the analysis folder (default RUN/analysis; see analysis_folder)."""
     from geolens.analysis import METRICS, default_metrics, metric_versions
+    from geolens.analysis.registry import skip_reason
 
     names = default_metrics() if metrics is None else metrics
     unknown = [n for n in names if n not in METRICS]
@@ -283,8 +284,9 @@ def analyze_run(
     versions = metric_versions()
     chosen = select_steps(run, steps)
 
-    def fresh(name: str, entry: dict) -> bool:
+    def fresh(name: str, entry: dict) -> bool:  # a cached skip is stale once the metric serves this config
         return (isinstance(entry, dict) and entry.get("version") == versions.get(name)
+                and ("skipped" not in entry or entry["skipped"] == skip_reason(name, run.config))
                 and (not METRICS[name].uses_keys or entry.get("keys") == pinned))
 
     sources = list(dict.fromkeys([folder, run.path / ANALYSIS_DIR]))
