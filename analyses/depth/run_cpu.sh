@@ -11,7 +11,7 @@
 # Resumable: finished runs are skipped, killed ones continue from their last checkpoint. Records (run.json,
 # metrics.csv, events.json) are copied to results/depth/records after every run; `geolens table --runs
 # results/depth/records` tabulates them. SEEDS="1 2 3" narrows the seeds, CONFIGS="fb_post sphere_post" the
-# configurations of lanes one and two (runs go seed by seed, so early seeds of every configuration come first).
+# configurations of every lane to those named (runs go seed by seed, so early seeds of every configuration come first).
 #   bash analyses/depth/run_cpu.sh [LANE ...]      (default: one two hybrid add3, in order; two commands
 #   with different lanes use two cores). Refuses a dirty tree (analyses/clean_tree.sh).
 set -uo pipefail
@@ -61,14 +61,16 @@ run() {
     collect
 }
 
-SIX=${CONFIGS:-"ln_post ln_pre rms_pre sphere_post fb_post sphere_pre"}
+# pick CONFIG ...: those of a lane's configurations that CONFIGS names (all of them when CONFIGS is unset)
+pick() { for c in "$@"; do [[ -z "${CONFIGS:-}" || " $CONFIGS " == *" $c "* ]] && echo "$c"; done; }
+SIX="ln_post ln_pre rms_pre sphere_post fb_post sphere_pre"
 for lane in "${lanes[@]}"; do
     for s in $SEEDS; do
         case $lane in
-        one) for c in $SIX; do run 1 "$c" "$s" add 113; done ;;
-        two) for c in $SIX; do run 2 "$c" "$s" add 113; done ;;
-        hybrid) for c in sphere_ln_post ln_sphere_post; do run 2 "$c" "$s" add 113; done ;;
-        add3) for c in ln_post fb_post; do run 2 "$c" "$s" add3 23; done ;;
+        one) for c in $(pick $SIX); do run 1 "$c" "$s" add 113; done ;;
+        two) for c in $(pick $SIX); do run 2 "$c" "$s" add 113; done ;;
+        hybrid) for c in $(pick sphere_ln_post ln_sphere_post); do run 2 "$c" "$s" add 113; done ;;
+        add3) for c in $(pick ln_post fb_post); do run 2 "$c" "$s" add3 23; done ;;
         *) echo "unknown lane $lane (one two hybrid add3)" >&2; exit 2 ;;
         esac
     done
