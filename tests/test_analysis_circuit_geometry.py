@@ -127,3 +127,24 @@ def test_resid_norm_sees_a_broken_projection():
     eq = ctx.eq
     eq.projected[0][0] *= 2  # one embedding row off the sphere
     assert geometry.resid_norm(eq, ctx.cfg)["sphere_err"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_layer_distance_irrelevance_reads_each_layers_write_on_the_grid():
+    """Constructed per-input parts: layer 0 writes a function of a + b alone (clock-like, q = 1), layer 1 one of
+    a - b alone (pizza-like, q = 0); the metric on a 2-layer model is those of its own dla parts."""
+    from geolens.analysis import clockpizza, compute_metrics
+
+    ctx = _ctx("ln", n_layers=2)
+    frame, n = ctx.frame, ctx.cfg.p
+    a, b = ctx.dataset.tokens[:, 0], ctx.dataset.tokens[:, 1]
+    s, d = ((a + b) % n).double(), ((a - b) % n).double()
+    parts = {"L0H0": torch.cos(2 * math.pi * 3 * s / n), "L0H1": torch.zeros_like(s), "mlp_L0": torch.sin(2 * math.pi * s / n),
+             "L1H0": torch.cos(2 * math.pi * 2 * d / n), "L1H1": d, "mlp_L1": torch.zeros_like(d)}
+    q0, q1 = clockpizza.layer_distance_irrelevance(parts, 2, 2, frame)
+    assert q0 == pytest.approx(1.0, abs=1e-12) and q1 == pytest.approx(0.0, abs=1e-12)
+    parts["mlp_L1"] = s  # a mixed layer lies between
+    assert 0.05 < clockpizza.layer_distance_irrelevance(parts, 2, 2, frame)[1] < 0.95
+    rows, _ = compute_metrics(context=ctx, names=["layer_distance_irrelevance"])
+    expected = clockpizza.layer_distance_irrelevance(ctx.dla.components, 2, 2, frame)
+    assert [rows["layer_distance_irrelevance"][f"distance_irrelevance_L{l}"] for l in (0, 1)] == expected
+    assert all(0 <= q <= 1 for q in expected)

@@ -47,7 +47,7 @@ def test_permutations_skip_fourier_metrics_with_a_reason_and_run_the_rest():
     rows, skipped = _run("ln", task="perm", n_perm=4, **SMALL)
     fourier_names = {"wl_spectrum", "keyfreq_wl_fft", "keyfreq_neuron", "keyfreq_embed", "fve_paper", "fve_neuron", "restricted_loss",
                      "excluded_loss", "logit_cos_coeff", "truncated_logit_acc", "distance_irrelevance", "circularity",
-                     "clock_pizza", "embed_circles", "layer_spectrum"}
+                     "clock_pizza", "embed_circles", "layer_spectrum", "layer_distance_irrelevance"}
     assert set(skipped) == fourier_names
     assert all(r == "Fourier metrics need a cyclic group Z_p; task perm is S_4" for r in skipped.values())
     assert set(rows) == set(default_metrics()) - fourier_names

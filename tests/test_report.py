@@ -134,10 +134,14 @@ def test_a_two_layer_report_has_one_row_of_panels_per_layer(tmp_path):
     spec = {s.name: s for s in build_figures(traj)}["layers"]
     titles = [p.title for p in spec.panels]
     assert titles == [f"layer {l}: {what}" for l in (0, 1) for what in
-                      ("MLP direct path W_out W_U, top-key share", "MLP neurons on one frequency")]
+                      ("MLP direct path W_out W_U, top-key share", "MLP neurons on one frequency",
+                       "distance irrelevance of its write (clock ~1, pizza ~0)")]
     for layer in (0, 1):  # each panel plots the metric table's per-layer series
-        line = spec.panels[2 * layer].traces[0]
+        line = spec.panels[3 * layer].traces[0]
         assert (line.x, line.y) == tuple(map(list, traj.series("layer_spectrum", f"layer_spectrum_L{layer}_share")))
         assert all(0 <= v <= 1 for v in line.y) and line.x == traj.steps
+        q = spec.panels[3 * layer + 2].traces[0]
+        assert (q.x, q.y) == tuple(map(list, traj.series("layer_distance_irrelevance", f"distance_irrelevance_L{layer}")))
+        assert all(0 <= v <= 1 for v in q.y) and q.x == traj.steps
     attention = {s.name: s for s in build_figures(traj)}["attention"]
     assert [p.title.split(": ")[0].split(", ")[1] for p in attention.panels][:2] == ["layer 0", "layer 1"]

@@ -1,7 +1,8 @@
 """Clock vs Pizza diagnostics (Zhong et al. 2023) and geolens's verdict built on them.
 
 - grad_symmetricity: how interchangeable the two operand embeddings are for the logits.
-- distance_irrelevance: how much the correct logit depends on the difference a - b.
+- distance_irrelevance: how much the correct logit depends on the difference a - b;
+  layer_distance_irrelevance: the same of each layer's direct contribution (its heads and MLP).
 - circularity: how circular the top principal components of the token embedding are.
 - clock_pizza_verdict: thresholds below, documented in docs/metrics.md.
 
@@ -73,6 +74,22 @@ def distance_irrelevance(correct_logit_grid: Float[Tensor, "n n"], frame: Cyclic
     if total == 0:
         return float("nan")
     return float(table.std(dim=1, correction=0).mean() / total)
+
+
+def layer_distance_irrelevance(components: dict[str, Tensor], n_layers: int, n_heads: int,
+                               frame: CyclicFrame) -> list[float]:
+    """Distance irrelevance of each layer's direct contribution to the correct-class score, [n_layers].
+
+    components: circuit.DLAResult.components (name -> [N] score per input, correct class minus the mean of the
+    others): layer l's contribution is the sum of its heads 'L{l}H{h}' and its MLP 'mlp_L{l}', put on the
+    grid and measured as distance_irrelevance measures the correct logit. A layer that writes what depends on
+    a + b alone scores 1 (clock-like), one whose write is scaled by a function of a - b scores lower (pizza-like):
+    which layer carries which algorithm when the model's verdict mixes them."""
+    out = []
+    for layer in range(n_layers):
+        write = sum(components[f"L{layer}H{h}"] for h in range(n_heads)) + components[f"mlp_L{layer}"]
+        out.append(distance_irrelevance(write[frame.grid_rows], frame))
+    return out
 
 
 def circularity_components(W_E: Float[Tensor, "n d_model"], n_components: int = N_CIRCULARITY_COMPONENTS) -> Float[Tensor, "m"]:

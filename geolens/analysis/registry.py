@@ -178,6 +178,12 @@ def m_distance_irrelevance(ctx: AnalysisContext) -> dict[str, float]:
     return {"distance_irrelevance": ctx.distance_irrelevance}
 
 
+def m_layer_distance_irrelevance(ctx: AnalysisContext) -> dict[str, float]:
+    cfg = ctx.cfg
+    values = clockpizza.layer_distance_irrelevance(ctx.dla.components, cfg.n_layers, cfg.n_heads, ctx.frame)
+    return {f"distance_irrelevance_L{layer}": v for layer, v in enumerate(values)}
+
+
 def m_circularity(ctx: AnalysisContext) -> dict[str, float]:
     comps = clockpizza.circularity_components(ctx.W_E_group)
     out = {"circularity": float(comps.mean()) if comps.numel() else float("nan")}
@@ -299,6 +305,8 @@ METRICS: dict[str, MetricSpec] = {
         _spec("truncated_logit_acc", m_truncated_logit_acc, _cyclic, "accuracy with only DC + top-5 rfft bins of the logits over classes"),
         _spec("grad_symmetricity", m_grad_symmetricity, _always, "mean cos(d logit_c/d e_a, d logit_c/d e_b) over 100 seeded triples"),
         _spec("distance_irrelevance", m_distance_irrelevance, _cyclic, "mean_d std_s of the correct logit / its total std"),
+        _spec("layer_distance_irrelevance", m_layer_distance_irrelevance, _cyclic,
+              "distance irrelevance of each layer's direct contribution (its heads + MLP) to the correct-class score"),
         _spec("circularity", m_circularity, _cyclic, "circularity of the first 4 PCA components of the token embeddings"),
         _spec("clock_pizza", m_clock_pizza, _clock_pizza, "verdict code: clock +1, pizza -1, mixed 0, unsolved NaN"),
         _spec("softmax_collapse", m_softmax_collapse, _always, "fraction of train examples with softmax denominator exactly 1"),

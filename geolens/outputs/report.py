@@ -75,9 +75,11 @@ def fig_progress(traj: Trajectory) -> FigureSpec:
 
 def fig_layers(traj: Trajectory) -> FigureSpec | None:
     """One row of panels per layer (models of two or more layers): the top-key share of the layer's MLP
-    direct path to the logits and its neuron FVE over training (metric layer_spectrum)."""
+    direct path to the logits and its neuron FVE over training (metric layer_spectrum), and the distance
+    irrelevance of the layer's direct write (metric layer_distance_irrelevance: clock-like near 1)."""
     if traj.run.config.n_layers < 2 or not any("layer_spectrum" in traj.values[s] for s in traj.steps):
         return None
+    clock = any("layer_distance_irrelevance" in traj.values[s] for s in traj.steps)
     panels = []
     for layer in range(traj.run.config.n_layers):
         pre = f"layer_spectrum_L{layer}"
@@ -85,7 +87,11 @@ def fig_layers(traj: Trajectory) -> FigureSpec | None:
                       for name, label in (("share", "top-key share"), ("fve_neuron_frac", "neurons > 0.85")))
         panels.append(Panel(f"layer {layer}: MLP direct path W_out W_U, top-key share", [share], "epoch", "share"))
         panels.append(Panel(f"layer {layer}: MLP neurons on one frequency", [fve], "epoch", "fraction"))
-    return FigureSpec("layers", "Per layer: Fourier concentration of each MLP's direct path and neurons", panels, cols=2)
+        if clock:
+            q = Line(*traj.series("layer_distance_irrelevance", f"distance_irrelevance_L{layer}"), "q", mode="lines+markers")
+            panels.append(Panel(f"layer {layer}: distance irrelevance of its write (clock ~1, pizza ~0)", [q], "epoch", "q"))
+    return FigureSpec("layers", "Per layer: Fourier concentration of each MLP's direct path and neurons, and whether "
+                      "the layer's write is clock- or pizza-like", panels, cols=3 if clock else 2)
 
 
 def clock_pizza_regions(y: list[float]) -> list[Region]:
