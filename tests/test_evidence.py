@@ -11,7 +11,7 @@ from conftest import one_line_error
 
 from geolens.analysis.online_rules import Series, fit_rule, firing_epochs, online_stats
 from geolens.analysis.precursors import lead_stats, with_holm
-from geolens.analysis.significance import holm, median_ci, sign_test, spearman_test, wilcoxon_less
+from geolens.analysis.significance import earlier_onsets, holm, median_ci, sign_test, spearman_test, wilcoxon_less
 from geolens.errors import GeoError
 from geolens.model.config import make_config
 from geolens.runs.forecast import ForecastWatch, ThresholdRule, forecast_for, read_forecasts, write_forecasts
@@ -67,6 +67,17 @@ def test_median_interval_and_sign_test():
     assert sign_test([0, 0]) == (0, 0, None) and sign_test([-5, 5])[2] == 1.0
     assert wilcoxon_less([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(1 / 32)  # exact, all smaller
     assert wilcoxon_less([1], [2]) is None
+
+
+def test_rank_test_of_onsets_with_runs_that_never_grokked():
+    """Every onset of a before every onset of b: the exact one-sided p is 1 / C(n_a + n_b, n_a); a run without an
+    onset ranks last; reversing the question gives the complement."""
+    assert earlier_onsets([100, 200, 300], [400, 500, 600]) == pytest.approx(1 / 20)
+    assert earlier_onsets([100, 200, 300, 350, 380], [400, 500, 600, 700, 800]) == pytest.approx(1 / 252)
+    assert earlier_onsets([100, 200], [300, None]) == pytest.approx(1 / 6)
+    assert earlier_onsets([None, None, 900], [100, 200, 300]) == pytest.approx(1.0)
+    assert earlier_onsets([400, 500, 600], [100, 200, 300]) == pytest.approx(1.0)
+    assert earlier_onsets([100], [200, 300]) is None
 
 
 def _ramp(onset: int, start: int = 0, end: int = 12000, rise: int = 1000, noise: float = 0.0, seed: int = 0) -> Series:

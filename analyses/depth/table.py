@@ -15,12 +15,10 @@ earlier than the same norms as pre-norms, and does depth change a configuration'
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
-from scipy.stats import mannwhitneyu
-
+from geolens.analysis.significance import earlier_onsets, fmt_p
 from geolens.outputs.paper import paper_tables
 from geolens.outputs.stats import summarize
 from geolens.outputs.tables import Rule
@@ -66,21 +64,10 @@ def cell(seeds: list[tuple[int | None, int]] | None) -> str:
     return f"{s.mean:,.0f}{sd}{ci} (n={s.n}{fail})"
 
 
-def ranked(seeds: list[tuple[int | None, int]]) -> list[float]:
-    """Onsets, a seed without one as +inf (after every onset)."""
-    return [math.inf if o is None else float(o) for o, _ in seeds]
-
-
 def earlier(a: list[tuple[int | None, int]], b: list[tuple[int | None, int]]) -> str:
-    """One-sided Mann-Whitney U p-value that a's onsets come earlier than b's ('-' when either has < 2 seeds)."""
-    if len(a) < 2 or len(b) < 2:
-        return "-"
-    x, y = ranked(a), ranked(b)
-    big = max(v for v in x + y if v != math.inf) + 1 if any(v != math.inf for v in x + y) else 1.0
-    x, y = [big if v == math.inf else v for v in x], [big if v == math.inf else v for v in y]
-    # the exact null distribution (a few seeds; ties occur only among seeds without an onset, where the
-    # asymptotic method scipy would switch to gives p below what the seeds can show)
-    return f"{mannwhitneyu(x, y, alternative='less', method='exact').pvalue:.3g}"
+    """One-sided Mann-Whitney U p-value that a's onsets come earlier than b's (significance.earlier_onsets;
+    '-' when either has < 2 seeds)."""
+    return fmt_p(earlier_onsets([o for o, _ in a], [o for o, _ in b]))
 
 
 def paper_cell(key: str) -> str:
