@@ -9,7 +9,8 @@
 #                llc,sharpness,loss` of every checkpoint (the LLC, its components and the sharpness along the
 #                trajectory; `geolens precursors` then reads the LLC as a precursor)
 # Records (run.json, metrics.csv, events.json) go to results/landscape/records, the analysis tables to
-# results/landscape/<lane>/<run>/metrics.csv. Refuses a dirty tree (analyses/clean_tree.sh).
+# results/landscape/<lane>/<run>/metrics.csv. SEEDS="1 2" narrows the seeds, PRESETS="fb sphere" the presets of
+# both lanes to those named. Refuses a dirty tree (analyses/clean_tree.sh).
 #   bash analyses/landscape/run_cpu.sh [LANE ...]     (default: llc muon)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,6 +23,8 @@ lanes=("$@")
 [ ${#lanes[@]} -gt 0 ] || lanes=(llc muon)
 status=0
 
+# pick PRESET ...: those PRESETS names (all of them when PRESETS is unset)
+pick() { for c in "$@"; do [[ -z "${PRESETS:-}" || " $PRESETS " == *" $c "* ]] && echo "$c"; done; }
 finished() { [ -f "$1/run.json" ] && grep -q '"status": "finished"' "$1/run.json"; }
 collect() { "$py" analyses/reproduction/collect.py "$R" results/landscape/records > /dev/null; }
 epochs() { [ "$1" = ln ] && echo 18000 || echo 8000; }
@@ -40,7 +43,7 @@ for lane in "${lanes[@]}"; do
     case $lane in
     muon)
         for s in $SEEDS; do
-            for preset in fb sphere ln; do
+            for preset in $(pick fb sphere ln); do
                 for opt in adamw muon; do
                     run "$R/muon/$preset/$opt/seed_$s" --preset "$preset" --p 113 --lr 6e-4 --seed "$s" \
                         --epochs "$(epochs "$preset")" --early-stop 3000 --checkpoints every:1000 --set optimizer="$opt"
@@ -49,7 +52,7 @@ for lane in "${lanes[@]}"; do
         done ;;
     llc)
         for s in $(echo $SEEDS | cut -d' ' -f1-3); do
-            for preset in fb ln; do
+            for preset in $(pick fb ln); do
                 out="$R/llc/$preset/seed_$s"
                 run "$out" --preset "$preset" --p 113 --lr 6e-4 --seed "$s" --epochs "$(epochs "$preset")" \
                     --early-stop 500 --checkpoints every:200
