@@ -127,6 +127,27 @@ def test_key_stability_is_the_first_step_of_the_final_key_set(traj):
     assert keys_settled(replace(traj, steps=[0], values={0: {}})) is None
 
 
+def test_the_landscape_figure_plots_the_llc_its_spread_and_the_sharpness(traj, tmp_path):
+    """Drawn only where the opt-in metrics were computed; each line is the metric table's series."""
+    import shutil
+
+    from geolens.outputs.report import fig_landscape
+
+    assert fig_landscape(traj) is None  # a bare analyze computes neither
+    shutil.copytree(traj.run.path, tmp_path / "run", ignore=shutil.ignore_patterns("analysis"))
+    t = analyze_run(load_run(tmp_path / "run"), metrics=["llc", "sharpness"], steps=[40, 120], progress=False)
+    spec = fig_landscape(t)
+    assert [p.title for p in spec.panels] == ["LLC, whole model (devinterp SGLD)", "LLC per component (SGLD on that group only)",
+                                              "sharpness (training loss)"]
+    whole, parts, sharp = ([tr for tr in p.traces if isinstance(tr, Line)] for p in spec.panels)
+    llc, std = t.series("llc", "llc")[1], t.series("llc", "llc_std")[1]
+    assert whole[0].x == [40, 120] and whole[0].y == llc
+    assert whole[1].y == pytest.approx([m + s for m, s in zip(llc, std)]) and whole[2].y == pytest.approx([m - s for m, s in zip(llc, std)])
+    assert [p.name for p in parts] == ["embed", "attn", "mlp", "unembed"]
+    assert parts[2].y == t.series("llc", "llc_mlp")[1]
+    assert sharp[0].y == t.series("sharpness", "sharpness")[1] and all(v > 0 for v in sharp[0].y)
+
+
 def test_a_two_layer_report_has_one_row_of_panels_per_layer(tmp_path):
     cfg = make_config("fb", n_layers=2, epochs=60, eval_every=10, checkpoints="every:20", seed=1, **SMALL)
     training.train(cfg, tmp_path / "run", progress=False)

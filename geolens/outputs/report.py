@@ -94,6 +94,33 @@ def fig_layers(traj: Trajectory) -> FigureSpec | None:
                       "the layer's write is clock- or pizza-like", panels, cols=3 if clock else 2)
 
 
+def fig_landscape(traj: Trajectory) -> FigureSpec | None:
+    """The opt-in loss-landscape metrics over training, where computed: the LLC of the whole model with its
+    chains' spread (+- one std), its components, and the sharpness, with the onsets marked."""
+    marks = onset_markers(traj.run)
+
+    def line(metric, name, label, **kw):
+        x, y = traj.series(metric, name)
+        return Line(x, y, label, **kw)
+
+    x, llc = traj.series("llc", "llc")
+    _, std = traj.series("llc", "llc_std")
+    panels = []
+    if x:
+        spread = [Line(x, [m + sign * s for m, s in zip(llc, std)], "+- chain std" if sign > 0 else "", dash=True,
+                       color="#7f7f7f", legend=sign > 0) for sign in (1, -1)]
+        panels.append(Panel("LLC, whole model (devinterp SGLD)", [Line(x, llc, "LLC", mode="lines+markers"), *spread, *marks],
+                            "epoch", "LLC"))
+        parts = [line("llc", f"llc_{c}", c, mode="lines+markers") for c in ("embed", "attn", "mlp", "unembed")]
+        panels.append(Panel("LLC per component (SGLD on that group only)", [p for p in parts if p.x] + marks, "epoch", "LLC"))
+    sharp = line("sharpness", "sharpness", "top Hessian eigenvalue", mode="lines+markers")
+    if sharp.x:
+        panels.append(Panel("sharpness (training loss)", [sharp, *marks], "epoch", "eigenvalue", logy=True))
+    if not panels:
+        return None
+    return FigureSpec("landscape", "The loss landscape around each checkpoint", panels, cols=len(panels))
+
+
 def clock_pizza_regions(y: list[float]) -> list[Region]:
     """The pizza and clock regions of the (distance irrelevance, gradient symmetricity) plane, tall
     enough for the symmetricities y."""
@@ -167,8 +194,8 @@ def fig_attention(traj: Trajectory, contexts: dict) -> FigureSpec:
 
 def build_figures(traj: Trajectory, at: list[int] | None = None) -> list[FigureSpec]:
     contexts = step_contexts(traj, report_steps(traj, at))
-    specs = [fig_training(traj), fig_spectrum(traj), fig_progress(traj), fig_layers(traj), fig_clock_pizza(traj),
-             fig_circles(traj, contexts), fig_attention(traj, contexts)]
+    specs = [fig_training(traj), fig_spectrum(traj), fig_progress(traj), fig_landscape(traj), fig_layers(traj),
+             fig_clock_pizza(traj), fig_circles(traj, contexts), fig_attention(traj, contexts)]
     return [s for s in specs if s is not None and s.panels]
 
 
