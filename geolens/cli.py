@@ -399,10 +399,10 @@ def llc_calibrate(
     if draws is not None:
         base = replace(base, draws=int(_positive(str(draws), "--draws")))
     x, y = r.dataset.train
-    rows = calibrate(r.model_at(step), x, y, grid[0], grid[1], base)
+    rows, curvature = calibrate(r.model_at(step), x, y, grid[0], grid[1], base)
     label = f"{r.path} at epoch {step}"
-    paths = write_calibration(rows, base, label, out or r.path / "analysis" / f"llc_calibration_{step}")
-    console.print(calibration_table(rows, base, label), markup=False, highlight=False, soft_wrap=True)
+    paths = write_calibration(rows, base, label, curvature, out or r.path / "analysis" / f"llc_calibration_{step}")
+    console.print(calibration_table(rows, base, label, curvature), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, highlight=False, soft_wrap=True)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from geolens.analysis.llc import LLCSettings, component_masks, judge, model_llc, sample_llc
+from geolens.analysis.llc import LLCSettings, component_masks, drift_factor, judge, model_llc, sample_llc
 from geolens.model.config import make_config
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
@@ -40,6 +40,22 @@ def test_a_regular_minimum_has_llc_d_over_2_and_a_degenerate_one_less():
     quartic = sample_llc(Bowl(4), rows, _loss(4), BOWL)
     assert quartic["llc"] + 3 * quartic["llc_std"] / math.sqrt(BOWL.chains) < regular["llc"] - error, quartic
     assert sample_llc(Bowl(4), rows, _loss(2), BOWL) == regular  # the seeds: the same estimate bit for bit
+
+
+def test_the_drift_factor_says_where_sgld_diverges():
+    """On the regular bowl (Hessian = identity, sharpness 1) devinterp's chains stay near the minimum at a drift
+    factor of 0.5 and 1.8 and blow up at 2.2 (past the bound 2 of the step's drift along the sharpest direction)."""
+    rows = torch.zeros(64, 2, dtype=torch.long)
+
+    def final_loss(drift):
+        lr = 2 * drift / (BOWL.n_beta * 1.0 + BOWL.localization)
+        settings = LLCSettings(**{**BOWL.__dict__, "lr": lr, "chains": 1, "draws": 100})
+        assert drift_factor(settings.lr, settings.n_beta, settings.localization, 1.0) == pytest.approx(drift)
+        return sample_llc(Bowl(4), rows, _loss(2), settings)["trace"][0][-1]
+
+    assert final_loss(0.5) < 0.1 and final_loss(1.8) < 0.1  # below the bound: oscillating at 1.8, but bounded
+    last = final_loss(2.2)
+    assert not math.isfinite(last) or last > 1e6
 
 
 def test_a_component_estimate_samples_only_its_parameters():
@@ -77,9 +93,12 @@ def test_llc_calibrate_writes_its_table_and_refuses_bad_input(tmp_path, geolens)
                 "--out", tmp_path / "cal")
     assert r.returncode == 0, r.stderr
     rows = (tmp_path / "cal" / "llc_calibration.csv").read_text().splitlines()
-    assert rows[0] == "lr,n_beta,llc,llc_std,init_loss,stable" and [row.split(",")[:2] for row in rows[1:]] == [
+    assert rows[0] == "lr,n_beta,drift,llc,llc_std,init_loss,stable" and [row.split(",")[:2] for row in rows[1:]] == [
         ["1e-06", "10.0"], ["1e-06", "30.0"]]
-    assert "| 1e-06 | 30 |" in (tmp_path / "cal" / "llc_calibration.md").read_text()
+    drifts = [float(row.split(",")[2]) for row in rows[1:]]
+    assert 0 < drifts[0] < drifts[1]  # the same step at a larger n_beta drifts further
+    text = (tmp_path / "cal" / "llc_calibration.md").read_text()
+    assert "| 1e-06 | 30 |" in text and "Sharpness (top Hessian eigenvalue" in text
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--lr", "fast")
     assert r.returncode == 2 and "--lr 'fast' is not a number" in r.stderr
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 15)

@@ -116,7 +116,8 @@ STABLE_SPREAD = 0.2  # chains agree: std over chains / mean LLC below this
 
 @dataclass
 class Calibration:
-    """One setting of a sweep: its estimate, the chains' traces and whether they are stable (and why not)."""
+    """One setting of a sweep: its estimate, the chains' traces, whether they are stable (and why not), and the
+    SGLD step's curvature number along the checkpoint's sharpest direction (drift_factor)."""
 
     lr: float
     n_beta: float
@@ -126,6 +127,15 @@ class Calibration:
     trace: list[list[float]]
     stable: bool
     why: str
+    drift_factor: float
+
+
+def drift_factor(lr: float, n_beta: float, localization: float, sharpness: float) -> float:
+    """lr (n_beta sharpness + localization) / 2: how far one SGLD step's drift moves along the training loss's
+    sharpest direction relative to the distance to the checkpoint (devinterp's step: w -= lr/2 (n_beta grad L +
+    localization (w - w0)) + noise). On a quadratic the drift diverges where this exceeds 2; the chains only wander
+    in a basin well below it."""
+    return lr * (n_beta * sharpness + localization) / 2
 
 
 def judge(res: dict, chance: float) -> tuple[bool, str]:
@@ -147,16 +157,21 @@ def judge(res: dict, chance: float) -> tuple[bool, str]:
 
 
 def calibrate(model, tokens: Int[Tensor, "N n_ctx"], labels: Int[Tensor, "N"], lrs: list[float], n_betas: list[float],
-              base: LLCSettings = DEFAULT_LLC) -> list[Calibration]:
-    """model_llc at every (lr, n_beta) of the grid (base's other settings), each judged (judge)."""
+              base: LLCSettings = DEFAULT_LLC) -> tuple[list[Calibration], float]:
+    """model_llc at every (lr, n_beta) of the grid (base's other settings), each judged (judge) and given its
+    drift_factor at the checkpoint's sharpness (landscape.sharpness, computed once). Returns (rows, sharpness)."""
     import math
 
+    from geolens.analysis.landscape import sharpness as top_eigenvalue
+
     chance = math.log(model.cfg.d_vocab_out)
+    curvature = top_eigenvalue(model, tokens, labels)["sharpness"]
     out = []
     for lr in lrs:
         for n_beta in n_betas:
             settings = LLCSettings(**{**asdict(base), "lr": lr, "n_beta": n_beta})
             res = model_llc(model, tokens, labels, settings)
             stable, why = judge(res, chance)
-            out.append(Calibration(lr, n_beta, res["llc"], res["llc_std"], res["init_loss"], res["trace"], stable, why))
-    return out
+            out.append(Calibration(lr, n_beta, res["llc"], res["llc_std"], res["init_loss"], res["trace"], stable, why,
+                                   drift_factor(lr, n_beta, base.localization, curvature)))
+    return out, curvature

@@ -10,12 +10,15 @@ from geolens.outputs.plots import FigureSpec, Line, Panel, save_static
 from geolens.runs.storage import atomic_write_bytes
 
 
-def calibration_table(rows: list[Calibration], base: LLCSettings, label: str) -> str:
+def calibration_table(rows: list[Calibration], base: LLCSettings, label: str, sharpness: float) -> str:
     head = (f"# LLC calibration: {label}\n\nSGLD (devinterp) with localization {base.localization:g}, {base.chains} chains x "
             f"{base.draws} draws, batch {base.batch_size}, seed {base.seed}; stable = positive, the mean trace plateaus, "
-            "far from chance loss, chains agree (geolens.analysis.llc.judge).\n\n"
-            "| lr | n_beta | LLC | std over chains | init loss | final loss | stable |\n| --- | --- | --- | --- | --- | --- | --- |\n")
-    lines = [f"| {r.lr:g} | {r.n_beta:g} | {r.llc:.4g} | {r.llc_std:.3g} | {r.init_loss:.4g} | "
+            "far from chance loss, chains agree (geolens.analysis.llc.judge). Sharpness (top Hessian eigenvalue of the "
+            f"training loss) {sharpness:.4g}; drift = lr (n_beta sharpness + localization) / 2, the step's drift along "
+            "that direction (llc.drift_factor: it diverges above 2).\n\n"
+            "| lr | n_beta | drift | LLC | std over chains | init loss | final loss | stable |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+    lines = [f"| {r.lr:g} | {r.n_beta:g} | {r.drift_factor:.3g} | {r.llc:.4g} | {r.llc_std:.3g} | {r.init_loss:.4g} | "
              f"{sum(t[-1] for t in r.trace) / len(r.trace):.4g} | {'yes' if r.stable else 'no: ' + r.why} |" for r in rows]
     return head + "\n".join(lines) + "\n"
 
@@ -30,12 +33,12 @@ def calibration_figure(rows: list[Calibration]) -> FigureSpec:
     return FigureSpec("llc_calibration", "SGLD loss traces per setting", panels, cols=3)
 
 
-def write_calibration(rows: list[Calibration], base: LLCSettings, label: str, out: Path) -> list[Path]:
+def write_calibration(rows: list[Calibration], base: LLCSettings, label: str, sharpness: float, out: Path) -> list[Path]:
     """OUT/llc_calibration.md, .csv, .png, .svg."""
     with writing(out):
-        atomic_write_bytes(out / "llc_calibration.md", calibration_table(rows, base, label).encode())
-        csv = ["lr,n_beta,llc,llc_std,init_loss,stable"] + [
-            f"{r.lr!r},{r.n_beta!r},{r.llc!r},{r.llc_std!r},{r.init_loss!r},{int(r.stable)}" for r in rows]
+        atomic_write_bytes(out / "llc_calibration.md", calibration_table(rows, base, label, sharpness).encode())
+        csv = ["lr,n_beta,drift,llc,llc_std,init_loss,stable"] + [
+            f"{r.lr!r},{r.n_beta!r},{r.drift_factor!r},{r.llc!r},{r.llc_std!r},{r.init_loss!r},{int(r.stable)}" for r in rows]
         atomic_write_bytes(out / "llc_calibration.csv", ("\n".join(csv) + "\n").encode())
         figures = save_static(calibration_figure(rows), out)
     return [out / "llc_calibration.md", out / "llc_calibration.csv", *figures]
