@@ -5,9 +5,10 @@
 #                muon_lr on the MLP matrices, AdamW's lr 6e-4 on the rest) and the AdamW default, Table 1's
 #                budgets plus 3,000 epochs, early stop 3,000 epochs after test accuracy holds >= 0.99 (does
 #                generalisation hold after the onset?)
-#   lane llc     ln and fb, seeds 1-3, checkpoints every 200 epochs, then `geolens analyze --metrics
-#                llc,sharpness,loss` of every checkpoint (the LLC, its components and the sharpness along the
-#                trajectory; `geolens precursors` then reads the LLC as a precursor)
+#   lane llc     fb and ln, seeds 1-3, checkpoints every 200 epochs, then `geolens analyze` of every checkpoint:
+#                fb `--metrics llc,sharpness,loss` (the LLC, its components and the sharpness along the trajectory;
+#                `geolens precursors` then reads the LLC as a precursor), ln `--metrics sharpness,loss` (DEFAULT_LLC's
+#                step diverges at LayerNorm's sharpness: docs/landscape.md, Calibration)
 # Records (run.json, metrics.csv, events.json) go to results/landscape/records, the analysis tables to
 # results/landscape/<lane>/<run>/metrics.csv. SEEDS="1 2" narrows the seeds, PRESETS="fb sphere" the presets of
 # both lanes to those named. Refuses a dirty tree (analyses/clean_tree.sh).
@@ -56,7 +57,8 @@ for lane in "${lanes[@]}"; do
                 out="$R/llc/$preset/seed_$s"
                 run "$out" --preset "$preset" --p 113 --lr 6e-4 --seed "$s" --epochs "$(epochs "$preset")" \
                     --early-stop 500 --checkpoints every:200
-                OMP_NUM_THREADS=1 "$py" -m geolens analyze --run "$out" --metrics llc,sharpness,loss --static '' --quiet \
+                metrics=llc,sharpness,loss; [ "$preset" = ln ] && metrics=sharpness,loss
+                OMP_NUM_THREADS=1 "$py" -m geolens analyze --run "$out" --metrics "$metrics" --static '' --quiet \
                     --workers 1 > /dev/null || status=1
                 mkdir -p "results/landscape/llc/$preset/seed_$s"
                 cp "$out/analysis/metrics.csv" "results/landscape/llc/$preset/seed_$s/metrics.csv"
