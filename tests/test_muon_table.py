@@ -30,8 +30,6 @@ def test_a_run_that_loses_generalisation_after_the_onset():
     assert lost.onset == 100 and not lost.held and lost.worst_after == 0.6
     never = t.measure(_rows([0.1, 0.2, 0.3]), "completed")
     assert never == t.MuonRun(onset=None, held=False, worst_after=None, final_epoch=200)
-    assert t.onset_cell([never, never]) == "none of 2; 2 without onset (budget 200)"
-    assert t.onset_cell([kept, lost]).startswith("150 ± 71 [") and t.onset_cell([kept]) == "200 (n=1)"
     assert t.held_cell([kept, lost, never]) == "1 of 3; lowest test acc after 0.99: 0.600"
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from geolens.analysis.significance import earlier_onsets, fmt_p
 from geolens.outputs.paper import paper_tables
-from geolens.outputs.stats import summarize
+from geolens.outputs.stats import onset_cell
 from geolens.outputs.tables import Rule
 from geolens.runs.runset import found_runs
 
@@ -51,17 +51,7 @@ def collect(root: Path) -> tuple[dict[tuple[str, str, int], list[tuple[int | Non
 
 
 def cell(seeds: list[tuple[int | None, int]] | None) -> str:
-    if not seeds:
-        return "-"
-    onsets = [o for o, _ in seeds if o is not None]
-    failed = len(seeds) - len(onsets)
-    fail = f"; {failed} without onset (budget {max(e for o, e in seeds if o is None):,})" if failed else ""
-    if not onsets:
-        return f"none of {len(seeds)}{fail}"
-    s = summarize(onsets)
-    sd = f" ± {s.std:,.0f}" if s.n > 1 else ""
-    ci = f" [{s.ci_lo:,.0f}, {s.ci_hi:,.0f}]" if s.n > 1 else ""
-    return f"{s.mean:,.0f}{sd}{ci} (n={s.n}{fail})"
+    return onset_cell(seeds) if seeds else "-"
 
 
 def earlier(a: list[tuple[int | None, int]], b: list[tuple[int | None, int]]) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from geolens.analysis.significance import earlier_onsets, fmt_p
-from geolens.outputs.stats import summarize
+from geolens.outputs.stats import onset_cell
 from geolens.outputs.tables import Rule
 from geolens.runs.runset import found_runs
 
@@ -59,17 +59,6 @@ def collect(root: Path) -> tuple[dict[tuple[str, str], list[MuonRun]], list[str]
     return out, notes
 
 
-def onset_cell(runs: list[MuonRun]) -> str:
-    onsets = [r.onset for r in runs if r.onset is not None]
-    failed = len(runs) - len(onsets)
-    fail = f"; {failed} without onset (budget {max(r.final_epoch for r in runs if r.onset is None):,})" if failed else ""
-    if not onsets:
-        return f"none of {len(runs)}{fail}"
-    s = summarize(onsets)
-    spread = f" ± {s.std:,.0f} [{s.ci_lo:,.0f}, {s.ci_hi:,.0f}]" if s.n > 1 else ""
-    return f"{s.mean:,.0f}{spread} (n={s.n}{fail})"
-
-
 def held_cell(runs: list[MuonRun]) -> str:
     reached = [r for r in runs if r.worst_after is not None]
     worst = f"; lowest test acc after 0.99: {min(r.worst_after for r in reached):.3f}" if reached else ""
@@ -83,7 +72,8 @@ def build(root: Path) -> tuple[str, str]:
     for preset in PRESETS:
         for opt in OPTIMIZERS:
             if (preset, opt) in data:
-                lines.append(f"| {preset} | {opt} | {onset_cell(data[(preset, opt)])} | {held_cell(data[(preset, opt)])} |")
+                runs = data[(preset, opt)]
+                lines.append(f"| {preset} | {opt} | {onset_cell([(r.onset, r.final_epoch) for r in runs])} | {held_cell(runs)} |")
     tests = ["| preset | question | seeds | p |", "| --- | --- | --- | --- |"]
     for preset in PRESETS:
         adamw, muon = data.get((preset, "adamw")), data.get((preset, "muon"))

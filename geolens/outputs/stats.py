@@ -44,6 +44,19 @@ def summarize(values: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES, see
     return Summary(n, float(x.mean()), std, float(x.min()), float(x.max()), lo, hi)
 
 
+def onset_cell(runs: Sequence[tuple[int | None, int]]) -> str:
+    """A table cell of seeds' onsets, runs = [(onset or None, last epoch)]: 'mean ± std [95% CI] (n=k)' over the
+    seeds with an onset, and how many had none within their budget (their largest last epoch)."""
+    onsets = [o for o, _ in runs if o is not None]
+    failed = len(runs) - len(onsets)
+    fail = f"; {failed} without onset (budget {max(e for o, e in runs if o is None):,})" if failed else ""
+    if not onsets:
+        return f"none of {len(runs)}{fail}"
+    s = summarize(onsets)
+    spread = f" ± {s.std:,.0f} [{s.ci_lo:,.0f}, {s.ci_hi:,.0f}]" if s.n > 1 else ""
+    return f"{s.mean:,.0f}{spread} (n={s.n}{fail})"
+
+
 def bootstrap_ci(values: Sequence[float], level: float = CI_LEVEL, resamples: int = BOOTSTRAP_RESAMPLES,
                  seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean (scipy.stats.bootstrap, method 'percentile'): `resamples`
