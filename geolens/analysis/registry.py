@@ -328,6 +328,8 @@ METRICS: dict[str, MetricSpec] = {
 #: operands an example has (the logits, the weights, the gradients)
 TOPOLOGY_AGNOSTIC = frozenset({"loss", "weight_norm", "softmax_collapse", "zero_loss_fraction", "nlm_cosine",
                                "sharpness", "llc"})
+
+
 def topology_reason(name: str, cfg: GeoConfig) -> str | None:
     """Why metric `name` is not computed for this model's topology (None: it is). The metrics read the logits,
     the weights and the activations at `=` by hook name, which every depth, placement and hybrid has (the
