@@ -378,6 +378,8 @@ def llc_calibrate(
     n_betas: str = typer.Option("10,30,100", "--n-beta", help="Comma-separated inverse temperatures n * beta."),
     localization: Optional[float] = typer.Option(None, help="Localisation strength (default: DEFAULT_LLC's)."),
     draws: Optional[int] = typer.Option(None, help="Draws per chain (default: DEFAULT_LLC's)."),
+    sampler: str = typer.Option("sgld", help="'sgld' (devinterp's plain SGLD) or 'rmsprop_sgld' (its RMSprop-"
+                                "preconditioned SGLD; the drift column assumes plain SGLD)."),
     out: Optional[Path] = typer.Option(None, help="Folder for llc_calibration.md, .csv, .png, .svg "
                                        "(default: RUN/analysis/llc_calibration_STEP)."),
 ) -> None:
@@ -398,6 +400,7 @@ def llc_calibrate(
         base = replace(base, localization=_positive(str(localization), "--localization"))
     if draws is not None:
         base = replace(base, draws=int(_positive(str(draws), "--draws")))
+    base = replace(base, sampler=sampler)
     x, y = r.dataset.train
     rows, curvature = calibrate(r.model_at(step), x, y, grid[0], grid[1], base)
     label = f"{r.path} at epoch {step}"

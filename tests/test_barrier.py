@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from geolens.model.tasks import make_dataset
 from geolens.runs.run import load_run
 from geolens.training import train as training
 
+ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, lr=3e-3)
 
 
@@ -91,3 +95,16 @@ def test_geolens_figures_draws_each_arms_barrier_to_its_parent(run, tmp_path):
     expected = loss_barrier(load_run(root / "parent").model_at(100), load_run(root / "wd3").model_at(100), 11)
     assert (line.name, line.x, line.y) == ("weight_decay 3", [50], [expected.barrier_test])
     assert any("fork_barrier: 1 arm(s) left out" in n and "another architecture" in n for n in notes)
+
+    # analyses/landscape/fork_barriers.py tabulates the same points with both runs' test accuracy there
+    spec = importlib.util.spec_from_file_location("fork_barriers", ROOT / "analyses" / "landscape" / "fork_barriers.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    table.main([str(root), "--out", str(tmp_path / "table")])
+    (row,) = list(csv.DictReader(open(tmp_path / "table" / "fork_barriers.csv")))
+    parent, arm = load_run(root / "parent"), load_run(root / "wd3")
+    assert (row["change"], row["fork_step"], row["at"]) == ("weight_decay 3", "50", "100")
+    assert float(row["barrier_test"]) == pytest.approx(expected.barrier_test)
+    assert float(row["parent_test_acc"]) == parent.metrics[-1]["test_acc"] and float(row["arm_test_acc"]) == arm.metrics[-1]["test_acc"]
+    md = (tmp_path / "table" / "fork_barriers.md").read_text()
+    assert "| weight_decay 3 | 50 | 1 | 100 |" in md and "another architecture" in md

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from geolens.analysis.llc import LLCSettings, component_masks, drift_factor, judge, model_llc, sample_llc
+from geolens.errors import GeoError
 from geolens.model.config import make_config
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
@@ -81,6 +82,23 @@ def test_the_judgement_of_a_calibration_setting():
     assert judge(chance, chance=math.log(113))[1].startswith("the chains climb towards chance loss")
     assert judge({**flat, "llc": -1.0}, chance=4.7)[1].startswith("the estimate is not positive")
     assert judge({**flat, "llc_std": 1.0}, chance=4.7)[1].startswith("the chains disagree")
+    blown = {"llc": 7e10, "llc_std": 1e10, "init_loss": 0.05, "trace": [[0.05, float("nan")] * 4] * 2}
+    assert judge(blown, chance=4.7)[1].startswith("the chains diverged")  # NaN compares False with every bound
+    assert judge({**flat, "llc": float("nan")}, chance=4.7)[1].startswith("the chains diverged")
+
+
+def test_the_preconditioned_sampler_is_devinterps_rmsprop_sgld():
+    """sampler='rmsprop_sgld' runs devinterp's RMSprop-SGLD: another chain than plain SGLD from the same seeds,
+    still near the bowl's minimum, reproducible; the cache key names it only when it is not the default."""
+    rows = torch.zeros(64, 2, dtype=torch.long)
+    settings = LLCSettings(**{**BOWL.__dict__, "chains": 2, "draws": 200, "sampler": "rmsprop_sgld"})
+    pre = sample_llc(Bowl(4), rows, _loss(2), settings)
+    plain = sample_llc(Bowl(4), rows, _loss(2), LLCSettings(**{**settings.__dict__, "sampler": "sgld"}))
+    assert pre["trace"] != plain["trace"] and max(pre["trace"][0]) < 1.0
+    assert sample_llc(Bowl(4), rows, _loss(2), settings) == pre
+    assert "sampler" not in BOWL.key() and settings.key().endswith("sampler=rmsprop_sgld")
+    with pytest.raises(GeoError, match="LLC sampler 'hmc' is not known"):
+        LLCSettings(sampler="hmc")
 
 
 def test_llc_calibrate_writes_its_table_and_refuses_bad_input(tmp_path, geolens):
@@ -101,5 +119,7 @@ def test_llc_calibrate_writes_its_table_and_refuses_bad_input(tmp_path, geolens)
     assert "| 1e-06 | 30 |" in text and "Sharpness (top Hessian eigenvalue" in text
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--lr", "fast")
     assert r.returncode == 2 and "--lr 'fast' is not a number" in r.stderr
+    r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--sampler", "hmc")
+    assert r.returncode == 2 and "LLC sampler 'hmc' is not known" in r.stderr
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 15)
     assert r.returncode == 2 and "no checkpoint at epoch 15" in r.stderr

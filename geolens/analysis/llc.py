@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import warnings
 from dataclasses import asdict, dataclass
 
@@ -33,16 +34,19 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
+from geolens.errors import GeoError
 from geolens.model.engines import choose_engine
 from geolens.model.transformer import param_group
 
 COMPONENTS = ("embed", "attn", "mlp", "unembed")
+SAMPLERS = {"sgld": "sgmcmc_sgld", "rmsprop_sgld": "rmsprop_sgld"}  # LLCSettings.sampler -> devinterp's sampling_method
 
 
 @dataclass(frozen=True)
 class LLCSettings:
     """SGLD settings: step size lr, inverse temperature n_beta (n times beta), localisation strength, chains,
-    draws per chain, minibatch size, seed."""
+    draws per chain, minibatch size, seed; sampler: devinterp's plain SGLD ('sgld') or its RMSprop-preconditioned
+    SGLD ('rmsprop_sgld', devinterp's default alpha and eps)."""
 
     lr: float = 1e-5  # the stable setting of docs/landscape.md's sweep at the shipped fb checkpoint
     n_beta: float = 100.0
@@ -51,10 +55,16 @@ class LLCSettings:
     draws: int = 100
     batch_size: int = 512
     seed: int = 1
+    sampler: str = "sgld"
+
+    def __post_init__(self):
+        if self.sampler not in SAMPLERS:
+            raise GeoError(f"LLC sampler '{self.sampler}' is not known; choose one of {', '.join(SAMPLERS)}")
 
     def key(self) -> str:
-        """The settings as one string: part of the llc metric's cache key."""
-        return ";".join(f"{k}={v}" for k, v in asdict(self).items())
+        """The settings as one string: part of the llc metric's cache key (the sampler only when not 'sgld', so
+        keys written before it was a setting stay valid)."""
+        return ";".join(f"{k}={v}" for k, v in asdict(self).items() if not (k == "sampler" and v == "sgld"))
 
 
 DEFAULT_LLC = LLCSettings()
@@ -73,7 +83,8 @@ def sample_llc(model: torch.nn.Module, rows: Int[Tensor, "N k"], loss_fn, settin
         warnings.simplefilter("ignore")
         out = llc(model, data, {}, lr=settings.lr, n_beta=settings.n_beta, loss_fn=loss_fn, param_masks=param_masks,
                   num_chains=settings.chains, num_draws=settings.draws, batch_size=min(settings.batch_size, len(rows)),
-                  localization=settings.localization, init_seed=settings.seed, device="cpu")
+                  localization=settings.localization, init_seed=settings.seed, device="cpu",
+                  sampling_method=SAMPLERS[settings.sampler])
     return {"llc": float(out.llc_mean), "llc_std": float(out.llc_std), "init_loss": float(out.init_loss),
             "per_chain": out.llc_per_chain.values.tolist(), "trace": out.loss_trace.values.tolist()}
 
@@ -139,9 +150,11 @@ def drift_factor(lr: float, n_beta: float, localization: float, sharpness: float
 
 
 def judge(res: dict, chance: float) -> tuple[bool, str]:
-    """(stable, reason) of one estimate: positive; the mean trace plateaus (its last quarter rises by less than
+    """(stable, reason) of one estimate: finite; positive; the mean trace plateaus (its last quarter rises by less than
     STABLE_DRIFT of its rise over the start); far from chance loss (half of ln C); chains agree (STABLE_SPREAD)."""
     trace = torch.tensor(res["trace"]).mean(0)
+    if not (math.isfinite(res["llc"]) and bool(torch.isfinite(trace).all())):
+        return False, "the chains diverged (non-finite loss: step too large)"
     q = max(len(trace) // 4, 1)
     rise = float(trace[-q:].mean() - trace[q : 2 * q].mean())
     above = float(trace[q : 2 * q].mean()) - res["init_loss"]
@@ -160,8 +173,6 @@ def calibrate(model, tokens: Int[Tensor, "N n_ctx"], labels: Int[Tensor, "N"], l
               base: LLCSettings = DEFAULT_LLC) -> tuple[list[Calibration], float]:
     """model_llc at every (lr, n_beta) of the grid (base's other settings), each judged (judge) and given its
     drift_factor at the checkpoint's sharpness (landscape.sharpness, computed once). Returns (rows, sharpness)."""
-    import math
-
     from geolens.analysis.landscape import sharpness as top_eigenvalue
 
     chance = math.log(model.cfg.d_vocab_out)

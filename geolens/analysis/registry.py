@@ -126,7 +126,7 @@ def m_llc(ctx: AnalysisContext) -> dict[str, float]:
         name = "llc" if component is None else f"llc_{component}"
         out[name], out[f"{name}_std"] = res["llc"], res["llc_std"]
     out["llc_init_loss"] = res["init_loss"]
-    out.update({f"llc_setting_{k}": float(v) for k, v in asdict(llc.DEFAULT_LLC).items()})
+    out.update({f"llc_setting_{k}": float(v) for k, v in asdict(llc.DEFAULT_LLC).items() if k != "sampler"})
     return out
 
 

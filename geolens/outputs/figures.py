@@ -22,7 +22,7 @@ from __future__ import annotations
 import html
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -409,7 +409,8 @@ def fig_fork_dose(points: Sequence[DosePoint]) -> FigureSpec | None:
 @dataclass
 class BarrierPoint:
     """One fork arm: panel, change, fork step and seed as DosePoint; `at` the epoch compared (the latest
-    checkpoint arm and parent both have); the test and train barriers of the line between them there."""
+    checkpoint arm and parent both have); the test and train barriers of the line between them there; the two
+    runs."""
 
     panel: str
     change: str
@@ -418,6 +419,8 @@ class BarrierPoint:
     at: int
     test: float
     train: float
+    arm: Run = field(repr=False)
+    parent: Run = field(repr=False)
 
 
 def barrier_points(runs: Sequence[Run], n_alphas: int = 11) -> tuple[list[BarrierPoint], list[str]]:
@@ -445,7 +448,8 @@ def barrier_points(runs: Sequence[Run], n_alphas: int = 11) -> tuple[list[Barrie
         b = loss_barrier(parent.model_at(at), run.model_at(at), n_alphas)
         cfg = parent.config
         panel = f"parent {config_name(cfg)} lr {cfg.lr:g} wd {cfg.weight_decay:g}, {cfg.task_label}"
-        points.append(BarrierPoint(panel, change_label(fork), fork["step"], cfg.seed, at, b.barrier_test, b.barrier_train))
+        points.append(BarrierPoint(panel, change_label(fork), fork["step"], cfg.seed, at, b.barrier_test, b.barrier_train,
+                                  run, parent))
     notes = [f"fork_barrier: {len(missing)} arm(s) left out: {'; '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"] \
         if missing else []
     return points, notes
