@@ -76,6 +76,30 @@ def test_a_fork_that_switches_optimizer_starts_it_fresh(tmp_path):
     assert "opt.embed.W_E.exp_avg" in after  # the AdamW part of the new optimizer, fresh at the fork
 
 
+TINY = 1.17549435e-38  # the smallest normal float32
+
+
+def _subnormals(t: torch.Tensor) -> int:
+    return int(((t != 0) & (t.abs() < TINY)).sum())
+
+
+def test_flush_denormal_turns_muons_decayed_dead_rows_into_zeros(tmp_path):
+    """Muon's decoupled weight decay shrinks dead neurons' rows by a factor per step until they reach the smallest
+    subnormal, where the product rounds back to itself: without flushing they stay subnormal (slow) for good;
+    flush_denormal makes them 0, and leaves the process's default (no flushing) behind."""
+    def mlp_after(flush: bool):
+        cfg = make_config("ln", optimizer="muon", weight_decay=20.0, epochs=250, eval_every=50, checkpoints="every:250",
+                          flush_denormal=flush, **SMALL)
+        training.train(cfg, tmp_path / str(flush), progress=False)
+        return load_run(tmp_path / str(flush)).model_at(250).blocks[0].mlp.W_in.detach()
+
+    kept, flushed = mlp_after(False), mlp_after(True)
+    assert _subnormals(kept) > 0 and _subnormals(flushed) == 0
+    assert int((flushed == 0).sum()) >= _subnormals(kept)  # the same dead rows, at 0
+    assert _subnormals(torch.tensor([1e-39]) * 1.0) == 1  # restored after training
+    assert make_config("ln", flush_denormal=True).sha256() != make_config("ln").sha256()
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--set", "optimizer=adam"], "optimizer = 'adam' is not valid; choose one of adamw, sgd, muon"),
     (["--set", "optimizer=sgd", "--set", "momentum=1.5"], "momentum = 1.5 must lie in [0, 1)"),

@@ -4,7 +4,8 @@
 #   lane muon    Muon against AdamW for ln, sphere and fb, seeds 1-5: `--set optimizer=muon` (Muon's lr
 #                muon_lr on the MLP matrices, AdamW's lr 6e-4 on the rest) and the AdamW default, Table 1's
 #                budgets plus 3,000 epochs, early stop 3,000 epochs after test accuracy holds >= 0.99 (does
-#                generalisation hold after the onset?)
+#                generalisation hold after the onset?); LayerNorm's runs (both optimizers) with --set
+#                flush_denormal=true (Muon's weight decay leaves dead rows subnormal; the fb and sphere runs predate it)
 #   lane llc     fb and ln, seeds 1-3, checkpoints every 200 epochs, then `geolens analyze` of every checkpoint:
 #                fb `--metrics llc,sharpness,loss` (the LLC, its components and the sharpness along the trajectory;
 #                `geolens precursors` then reads the LLC as a precursor), ln `--metrics sharpness,loss` (DEFAULT_LLC's
@@ -29,6 +30,7 @@ pick() { for c in "$@"; do [[ -z "${PRESETS:-}" || " $PRESETS " == *" $c "* ]] &
 finished() { [ -f "$1/run.json" ] && grep -q '"status": "finished"' "$1/run.json"; }
 collect() { "$py" analyses/reproduction/collect.py "$R" results/landscape/records > /dev/null; }
 epochs() { [ "$1" = ln ] && echo 18000 || echo 8000; }
+flush() { [ "$1" = ln ] && echo "--set flush_denormal=true"; }
 
 # run OUT ARGS...: one `geolens train` on one thread, resumed if it was killed
 run() {
@@ -47,7 +49,8 @@ for lane in "${lanes[@]}"; do
             for preset in $(pick fb sphere ln); do
                 for opt in adamw muon; do
                     run "$R/muon/$preset/$opt/seed_$s" --preset "$preset" --p 113 --lr 6e-4 --seed "$s" \
-                        --epochs "$(epochs "$preset")" --early-stop 3000 --checkpoints every:1000 --set optimizer="$opt"
+                        --epochs "$(epochs "$preset")" --early-stop 3000 --checkpoints every:1000 --set optimizer="$opt" \
+                        $(flush "$preset")
                 done
             done
         done ;;

@@ -24,7 +24,7 @@ from geolens.model.transformer import GeoTransformer
 #: fields two checkpoints may differ in and still define one loss surface (how they were trained, not the model)
 TRAINING_FIELDS = ("seed", "lr", "beta1", "beta2", "weight_decay", "optimizer", "momentum", "muon_lr", "muon_momentum",
                    "epochs", "eval_every", "checkpoints", "early_stop_after", "schedule", "norm_clamp", "engine",
-                   "device", "preset", "init", "fourier_init")
+                   "device", "preset", "init", "fourier_init", "flush_denormal")
 N_ALPHAS = 21
 
 

@@ -73,6 +73,7 @@ class GeoConfig:
     norm_clamp: float | None = None  # hold the total parameter L2 norm at this value after every step
     engine: str = "auto"  # auto | hooked | fast | deep (geolens.model.engines)
     device: str = "cpu"  # where training runs: cpu | cuda | cuda:N (analysis always runs on the CPU)
+    flush_denormal: bool = False  # CPU float32 subnormals read and written as 0 while training (engine.denormals_flushed)
     preset: str = ""  # the preset string this config was built from (informational)
 
     def __post_init__(self) -> None:
@@ -264,7 +265,7 @@ class GeoConfig:
 
 
 #: fields added after fork identities were first recorded: hashed by sha256 only when not at their default
-HASHED_UNLESS_DEFAULT = ("norm_placement", "optimizer", "momentum", "muon_lr", "muon_momentum")
+HASHED_UNLESS_DEFAULT = ("norm_placement", "optimizer", "momentum", "muon_lr", "muon_momentum", "flush_denormal")
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(GeoConfig) if f.name in HASHED_UNLESS_DEFAULT}
 
 

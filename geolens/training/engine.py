@@ -40,6 +40,23 @@ def synchronize(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
+@contextmanager
+def denormals_flushed(on: bool):
+    """While inside: when `on`, the CPU treats float32 subnormals (|x| < 1.18e-38) as 0 in and out (x86 FTZ/DAZ,
+    torch.set_flush_denormal); restored to torch's default (off) after. Weights and optimizer states that decay
+    towards 0 (Muon's decoupled weight decay shrinks dead neurons' rows by lr * wd per step) otherwise pass through
+    the subnormal range, where each operation on them costs many times a normal one. Bits differ from an unflushed
+    run only where a subnormal arises. A GeoError where this CPU cannot flush."""
+    if on and not torch.set_flush_denormal(True):
+        raise GeoError("flush_denormal = true but this CPU cannot flush subnormals (torch.set_flush_denormal); "
+                       "unset it (--set flush_denormal=false)")
+    try:
+        yield
+    finally:
+        if on:
+            torch.set_flush_denormal(False)
+
+
 def select_forward(model: GeoTransformer) -> tuple[Engine, Callable[[Tensor], Tensor], str]:
     """(engine, forward(tokens) -> logits [batch, C] at `=`, why) for `model` (engines.choose_engine)."""
     engine, why = choose_engine(model.cfg)

@@ -33,6 +33,7 @@ from geolens.runs.forecast import ForecastWatch, ThresholdRule
 from geolens.runs.runlock import NewRunClaim, RunLock
 from geolens.runs.storage import BackgroundWriter, RunDir, atomic_write_json, load_tensors
 from geolens.training.engine import (
+    denormals_flushed,
     make_optimizer,
     out_of_memory_as_error,
     preflight,
@@ -116,7 +117,8 @@ def run_epochs(members: list[Member], step: Step, start: int, resumed: bool, eng
     checkpoint when its schedule asks or it is done (queued on one BackgroundWriter; a new run's
     claim swaps it into place after its first one), its final records once done; then the progress bar
     (label; describe(rows, members running)) and on_eval(epoch, done flags); then step.update() and
-    each member's norm clamp (Controls.clamp, also applied to the first state of a loop not resumed).
+    each member's norm clamp (Controls.clamp, also applied to the first state of a loop not resumed). The loop
+    runs with subnormals flushed when cfg.flush_denormal (engine.denormals_flushed).
     A finished member is no longer recorded nor trained (step.keep); the loop ends when every member is done.
 
     Timing: train_s (backward and update; queued GPU work is waited for before each evaluation),
@@ -139,7 +141,7 @@ def run_epochs(members: list[Member], step: Step, start: int, resumed: bool, eng
     bar = EpochProgress(cfg.epochs, start, progress, label)
     t_start = time.perf_counter()
     epoch = start
-    with BackgroundWriter() as writer, bar:
+    with BackgroundWriter() as writer, bar, denormals_flushed(cfg.flush_denormal):
         while True:
             t0 = time.perf_counter()
             for i in active:
