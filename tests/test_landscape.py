@@ -52,7 +52,8 @@ def test_sharpness_is_opt_in():
 
 
 def test_the_committed_landscape_tables_are_what_their_records_give():
-    """docs/landscape.md shows results/landscape's tables, and the trajectory table is its metrics.csv."""
+    """docs/landscape.md shows results/landscape's tables; each trajectory table is its metrics.csv, the common-setting
+    LLC table is its calibrations'."""
     import importlib.util
     from pathlib import Path
 
@@ -68,6 +69,8 @@ def test_the_committed_landscape_tables_are_what_their_records_give():
     for name in ("fb_seed1", "ln_seed1", "llc/fb/seed_1", "llc/fb/seed_2", "llc/fb/seed_3"):
         folder = root / "results" / "landscape" / name
         assert traj.table(str(folder / "metrics.csv")) == (folder / "trajectory.md").read_text(), name
+    common = root / "results" / "landscape" / "llc_common"
+    assert load(root / "analyses" / "landscape" / "llc_common_table.py").table(common) == (common / "llc_common.md").read_text()
     text = (root / "docs" / "landscape.md").read_text()
     refreshed, count = load(root / "analyses" / "reproduction" / "embed_tables.py").embed(text)
-    assert count == 7 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md
+    assert count == 9 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md

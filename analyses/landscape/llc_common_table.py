@@ -1,0 +1,56 @@
+"""The LLC of fb and LayerNorm checkpoints at one sampler setting (docs/landscape.md), from `geolens
+llc-calibrate` outputs of one (lr, n_beta) each.
+
+    python analyses/landscape/llc_common_table.py [FOLDER]   # FOLDER/llc_common.md (default results/landscape/llc_common)
+
+Every FOLDER/*/llc_calibration.md becomes one row: the checkpoint, its sharpness, chains x draws, the estimate with
+its standard deviation over chains, the loss the chains end at and the judgement (geolens.analysis.llc.judge),
+ordered by run, epoch and draws.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+HEAD = re.compile(r"^# LLC calibration: (?P<run>\S+) at epoch (?P<epoch>\d+)$", re.M)
+SETTING = re.compile(r"(?P<chains>\d+) chains x (?P<draws>\d+) draws.*Sharpness \(top Hessian eigenvalue of the training "
+                     r"loss\) (?P<sharpness>[^;]+);")
+
+
+def row(path: Path) -> tuple[tuple, str]:
+    """(sort key, Markdown row) of one llc_calibration.md holding a single setting."""
+    text = path.read_text()
+    head, setting = HEAD.search(text), SETTING.search(text)
+    rows = [line for line in text.splitlines() if re.match(r"^\| \d", line)]
+    if head is None or setting is None or len(rows) != 1:
+        raise SystemExit(f"{path}: not a one-setting llc-calibrate table; rerun llc-calibrate with one --lr and one --n-beta")
+    lr, n_beta, drift, llc, std, init, final, stable = [c.strip() for c in rows[0].strip("|").split("|")]
+    run, epoch, draws = Path(head["run"]).name, int(head["epoch"]), int(setting["draws"])
+    cells = [run, f"{epoch:,}", setting["sharpness"], drift, f"{setting['chains']} x {draws:,}", f"{llc} ± {std}", init,
+             final, stable]
+    return (run, epoch, draws), "| " + " | ".join(cells) + " |"
+
+
+def table(folder: Path) -> str:
+    rows = sorted(row(p) for p in folder.glob("*/llc_calibration.md"))
+    settings = {tuple(re.findall(r"^\| (\d[0-9.e+-]*) \| (\d[0-9.e+-]*) \|", p.read_text(), re.M)[0])
+                for p in folder.glob("*/llc_calibration.md")}
+    if len(settings) != 1:
+        raise SystemExit(f"{folder}: the tables hold different (lr, n_beta) settings {sorted(settings)}; one table per setting")
+    (lr, n_beta), = settings
+    return (f"SGLD lr {lr}, n_beta {n_beta}\n\n| checkpoint | epoch | sharpness | drift | chains x draws | LLC ± std over "
+            "chains | loss at the checkpoint | chains' final loss | stable |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(r for _, r in rows) + "\n")
+
+
+def main(argv=None) -> None:
+    folder = Path((argv if argv is not None else sys.argv[1:])[0] if (argv or sys.argv[1:]) else "results/landscape/llc_common")
+    text = table(folder)
+    (folder / "llc_common.md").write_text(text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
