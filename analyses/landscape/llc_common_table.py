@@ -10,6 +10,7 @@ ordered by run, epoch and draws.
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -19,8 +20,8 @@ SETTING = re.compile(r"(?P<chains>\d+) chains x (?P<draws>\d+) draws.*Sharpness 
                      r"loss\) (?P<sharpness>[^;]+);")
 
 
-def row(path: Path) -> tuple[tuple, str]:
-    """(sort key, Markdown row) of one llc_calibration.md holding a single setting."""
+def row(path: Path) -> tuple[tuple, tuple[str, str], str]:
+    """(sort key, (lr, n_beta), Markdown row) of one llc_calibration.md holding a single setting."""
     text = path.read_text()
     head, setting = HEAD.search(text), SETTING.search(text)
     rows = [line for line in text.splitlines() if re.match(r"^\| \d", line)]
@@ -30,23 +31,24 @@ def row(path: Path) -> tuple[tuple, str]:
     run, epoch, draws = Path(head["run"]).name, int(head["epoch"]), int(setting["draws"])
     cells = [run, f"{epoch:,}", setting["sharpness"], drift, f"{setting['chains']} x {draws:,}", f"{llc} ± {std}", init,
              final, stable]
-    return (run, epoch, draws), "| " + " | ".join(cells) + " |"
+    return (run, epoch, draws), (lr, n_beta), "| " + " | ".join(cells) + " |"
 
 
 def table(folder: Path) -> str:
     rows = sorted(row(p) for p in folder.glob("*/llc_calibration.md"))
-    settings = {tuple(re.findall(r"^\| (\d[0-9.e+-]*) \| (\d[0-9.e+-]*) \|", p.read_text(), re.M)[0])
-                for p in folder.glob("*/llc_calibration.md")}
+    settings = {setting for _, setting, _ in rows}
     if len(settings) != 1:
         raise SystemExit(f"{folder}: the tables hold different (lr, n_beta) settings {sorted(settings)}; one table per setting")
     (lr, n_beta), = settings
     return (f"SGLD lr {lr}, n_beta {n_beta}\n\n| checkpoint | epoch | sharpness | drift | chains x draws | LLC ± std over "
             "chains | loss at the checkpoint | chains' final loss | stable |\n"
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(r for _, r in rows) + "\n")
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(r for _, _, r in rows) + "\n")
 
 
 def main(argv=None) -> None:
-    folder = Path((argv if argv is not None else sys.argv[1:])[0] if (argv or sys.argv[1:]) else "results/landscape/llc_common")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", nargs="?", default="results/landscape/llc_common")
+    folder = Path(ap.parse_args(argv).folder)
     text = table(folder)
     (folder / "llc_common.md").write_text(text)
     print(text, end="")
