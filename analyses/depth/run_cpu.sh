@@ -12,6 +12,9 @@
 # metrics.csv, events.json) are copied to results/depth/records after every run; `geolens table --runs
 # results/depth/records` tabulates them. SEEDS="1 2 3" narrows the seeds, CONFIGS="fb_post sphere_post" the
 # configurations of every lane to those named (runs go seed by seed, so early seeds of every configuration come first).
+# DEVICE=cuda (or cpu) trains stacked instead: each configuration's seeds as one `geolens sweep` on that device (one
+# torch thread driving it), every configuration of the named lanes at once (on a GPU stacks are launch-bound: they share it);
+# DEADLINE=SECONDS stops every sweep after that long (its killed members resume on the next call).
 #   bash analyses/depth/run_cpu.sh [LANE ...]      (default: one two hybrid add3, in order; two commands
 #   with different lanes use two cores). Refuses a dirty tree (analyses/clean_tree.sh).
 set -uo pipefail
@@ -52,27 +55,50 @@ run() {
     if finished "$out"; then return; fi
     echo "== $(date -Is) $out"
     if [ -f "$out/resume.safetensors" ]; then
-        OMP_NUM_THREADS=1 "$py" -m geolens train --resume --out "$out" --quiet > /dev/null || status=1
+        OMP_NUM_THREADS=1 "$py" -m geolens train --resume --out "$out" --quiet < /dev/null > /dev/null || status=1
     else
         # shellcheck disable=SC2046
         OMP_NUM_THREADS=1 "$py" -m geolens train $(config "$name") --set n_layers="$layers" --task "$task" \
-            --p "$p" --seed "$seed" --epochs "$(epochs "$name")" "${COMMON[@]}" --out "$out" --force > /dev/null || status=1
+            --p "$p" --seed "$seed" --epochs "$(epochs "$name")" "${COMMON[@]}" --out "$out" --force < /dev/null > /dev/null || status=1
     fi
     collect
+}
+
+# sweep LAYERS NAME TASK P: the SEEDS of one configuration as one stacked sweep on DEVICE, in the background
+sweep() {
+    local layers=$1 name=$2 task=$3 p=$4
+    echo "== $(date -Is) $R/$task/L$layers/$name seeds $SEEDS on $DEVICE"
+    # shellcheck disable=SC2046
+    timeout "${DEADLINE:-0}" "$py" -m geolens sweep $(config "$name") --set n_layers="$layers" --task "$task" --p "$p" \
+        --seeds "$(echo $SEEDS | tr ' ' ',')" --epochs "$(epochs "$name")" "${COMMON[@]}" --set device="$DEVICE" \
+        --threads 1 --out "$R/$task/L$layers/$name" < /dev/null > /dev/null &
 }
 
 # pick CONFIG ...: those of a lane's configurations that CONFIGS names (all of them when CONFIGS is unset)
 pick() { for c in "$@"; do [[ -z "${CONFIGS:-}" || " $CONFIGS " == *" $c "* ]] && echo "$c"; done; }
 SIX="ln_post ln_pre rms_pre sphere_post fb_post sphere_pre"
+# lane_runs LANE: one "LAYERS CONFIG TASK P" line per configuration of the lane
+lane_runs() {
+    case $1 in
+    one) for c in $(pick $SIX); do echo 1 "$c" add 113; done ;;
+    two) for c in $(pick $SIX); do echo 2 "$c" add 113; done ;;
+    hybrid) for c in $(pick sphere_ln_post ln_sphere_post); do echo 2 "$c" add 113; done ;;
+    add3) for c in $(pick ln_post fb_post); do echo 2 "$c" add3 23; done ;;
+    *) echo "unknown lane $1 (one two hybrid add3)" >&2; exit 2 ;;
+    esac
+}
+for lane in "${lanes[@]}"; do lane_runs "$lane" > /dev/null || exit 2; done
+if [ -n "${DEVICE:-}" ]; then
+    for lane in "${lanes[@]}"; do
+        while read -r layers c task p; do sweep "$layers" "$c" "$task" "$p"; done < <(lane_runs "$lane")
+    done
+    while true; do wait -n; rc=$?; [ $rc = 127 ] && break; [ $rc = 0 ] || status=1; done
+    collect
+    exit $status
+fi
 for lane in "${lanes[@]}"; do
     for s in $SEEDS; do
-        case $lane in
-        one) for c in $(pick $SIX); do run 1 "$c" "$s" add 113; done ;;
-        two) for c in $(pick $SIX); do run 2 "$c" "$s" add 113; done ;;
-        hybrid) for c in $(pick sphere_ln_post ln_sphere_post); do run 2 "$c" "$s" add 113; done ;;
-        add3) for c in $(pick ln_post fb_post); do run 2 "$c" "$s" add3 23; done ;;
-        *) echo "unknown lane $lane (one two hybrid add3)" >&2; exit 2 ;;
-        esac
+        while read -r layers c task p; do run "$layers" "$c" "$s" "$task" "$p"; done < <(lane_runs "$lane")
     done
 done
 exit $status

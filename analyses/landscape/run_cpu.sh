@@ -12,7 +12,9 @@
 #                step diverges at LayerNorm's sharpness: docs/landscape.md, Calibration)
 # Records (run.json, metrics.csv, events.json) go to results/landscape/records, the analysis tables to
 # results/landscape/<lane>/<run>/metrics.csv. SEEDS="1 2" narrows the seeds, PRESETS="fb sphere" the presets of
-# both lanes to those named. Refuses a dirty tree (analyses/clean_tree.sh).
+# both lanes to those named. DEVICE=cuda (or cpu) trains the muon lane stacked instead: each preset and optimizer's seeds
+# as one `geolens sweep` on that device (one torch thread driving it), all of them at once; DEADLINE=SECONDS stops every sweep after
+# that long (its killed members resume on the next call). Refuses a dirty tree (analyses/clean_tree.sh).
 #   bash analyses/landscape/run_cpu.sh [LANE ...]     (default: llc muon)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,26 +33,45 @@ finished() { [ -f "$1/run.json" ] && grep -q '"status": "finished"' "$1/run.json
 collect() { "$py" analyses/reproduction/collect.py "$R" results/landscape/records > /dev/null; }
 epochs() { [ "$1" = ln ] && echo 18000 || echo 8000; }
 flush() { [ "$1" = ln ] && echo "--set flush_denormal=true"; }
+# muon_args PRESET OPTIMIZER: the training flags of one muon-lane configuration (every seed's)
+muon_args() {
+    echo --preset "$1" --p 113 --lr 6e-4 --epochs "$(epochs "$1")" --early-stop 3000 --checkpoints every:1000 \
+        --set optimizer="$2" $(flush "$1")
+}
 
 # run OUT ARGS...: one `geolens train` on one thread, resumed if it was killed
 run() {
     local out=$1; shift
     if finished "$out"; then return; fi
     echo "== $(date -Is) $out"
-    if [ -f "$out/resume.safetensors" ]; then OMP_NUM_THREADS=1 "$py" -m geolens train --resume --out "$out" --quiet > /dev/null || status=1
-    else OMP_NUM_THREADS=1 "$py" -m geolens train "$@" --out "$out" --force > /dev/null || status=1; fi
+    if [ -f "$out/resume.safetensors" ]; then OMP_NUM_THREADS=1 "$py" -m geolens train --resume --out "$out" --quiet < /dev/null > /dev/null || status=1
+    else OMP_NUM_THREADS=1 "$py" -m geolens train "$@" --out "$out" --force < /dev/null > /dev/null || status=1; fi
     collect
 }
 
+if [ -n "${DEVICE:-}" ]; then
+    [ "${lanes[*]}" = muon ] || { echo "DEVICE=$DEVICE trains the muon lane only (the llc lane's analyses run on the CPU)" >&2; exit 2; }
+    for preset in $(pick fb sphere ln); do
+        for opt in adamw muon; do
+            echo "== $(date -Is) $R/muon/$preset/$opt seeds $SEEDS on $DEVICE"
+            # shellcheck disable=SC2046
+            timeout "${DEADLINE:-0}" "$py" -m geolens sweep $(muon_args "$preset" "$opt") \
+                --seeds "$(echo $SEEDS | tr ' ' ',')" --set device="$DEVICE" --threads 1 --out "$R/muon/$preset/$opt" \
+                < /dev/null > /dev/null &
+        done
+    done
+    while true; do wait -n; rc=$?; [ $rc = 127 ] && break; [ $rc = 0 ] || status=1; done
+    collect
+    exit $status
+fi
 for lane in "${lanes[@]}"; do
     case $lane in
     muon)
         for s in $SEEDS; do
             for preset in $(pick fb sphere ln); do
                 for opt in adamw muon; do
-                    run "$R/muon/$preset/$opt/seed_$s" --preset "$preset" --p 113 --lr 6e-4 --seed "$s" \
-                        --epochs "$(epochs "$preset")" --early-stop 3000 --checkpoints every:1000 --set optimizer="$opt" \
-                        $(flush "$preset")
+                    # shellcheck disable=SC2046
+                    run "$R/muon/$preset/$opt/seed_$s" $(muon_args "$preset" "$opt") --seed "$s"
                 done
             done
         done ;;
