@@ -1,5 +1,6 @@
 """Training on a device (cfg.device): validation and clear refusals everywhere; on a CUDA machine
-(these tests are skipped without one) the fast path equals the hooked model there, a CUDA run
+(these tests are skipped without one) the fast and deep engines equal the hooked model there, stacked members
+their single runs at one and two layers, a CUDA run
 follows the CPU run and is bit-reproducible, a CPU run resumes on the GPU, and every run stays
 readable on the CPU."""
 
@@ -11,6 +12,7 @@ from test_train import _strip
 
 from geolens.errors import GeoError
 from geolens.model.config import make_config
+from geolens.model.engines import engine_named
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
 from geolens.runs.run import load_run
@@ -58,8 +60,25 @@ def test_fast_path_matches_hooked_on_cuda(preset):
 
 
 @cuda
-def test_stacked_members_on_cuda_equal_their_single_runs():
-    cfgs = [make_config("ln", seed=s, data_seed=s, **TINY) for s in (1, 2, 3)]
+@pytest.mark.parametrize("preset,over", [("ln", {}), ("ln", dict(n_layers=2, norm_placement="pre")),
+                                         ("sphere", dict(n_layers=2, norm="sphere,layernorm"))],
+                         ids=["ln-1", "ln-pre-2", "hybrid-2"])
+def test_deep_engine_matches_hooked_on_cuda(preset, over):
+    """The deep engine (any depth, placement, per-layer norms) on the GPU: logits and every gradient within 1e-4 of
+    the hooked model on the GPU (trained-looking weights; a wrong formula is off by O(1))."""
+    cfg = make_config(preset, seed=3, **TINY, **over)
+    model = GeoTransformer(cfg)
+    _trained_looking(model, seed=11)
+    model.cuda()
+    tokens, labels = (t[:400].cuda() for t in make_dataset(cfg).train)
+    errors = _compare(model, tokens, labels, forward=engine_named("deep").logits)
+    assert max(errors.values()) <= 1e-4, errors
+
+
+@cuda
+@pytest.mark.parametrize("over", [{}, dict(n_layers=2, norm_placement="pre")], ids=["1-layer", "2-layer-pre"])
+def test_stacked_members_on_cuda_equal_their_single_runs(over):
+    cfgs = [make_config("ln", seed=s, data_seed=s, **TINY, **over) for s in (1, 2, 3)]
     models = [GeoTransformer(c).cuda() for c in cfgs]
     data = [make_dataset(c).train for c in cfgs]
     x, y = [d[0].cuda() for d in data], torch.stack([d[1] for d in data]).cuda()
