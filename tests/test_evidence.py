@@ -221,9 +221,9 @@ def test_a_forecast_fitted_on_a_small_sweep_shows_on_a_held_out_seed(tmp_path, g
     assert not math.isnan(forecast.loo_mae)
 
 
-def _replicate(path, preset, seed, onset, engine, threads, cpu="Test CPU", commit="a" * 40):
+def _replicate(path, preset, seed, onset, engine, threads, cpu="Test CPU", commit="a" * 40, gpu=None):
     """A finished run of `preset` and seed whose test accuracy passes 0.95 at `onset`, computed by `engine`
-    on `threads` threads of `cpu`, trained at `commit`."""
+    on `threads` threads of `cpu` (and on `gpu`, if named), trained at `commit`."""
     from conftest import _step_curve, _write_run
 
     from geolens.runs.storage import RunDir
@@ -232,7 +232,8 @@ def _replicate(path, preset, seed, onset, engine, threads, cpu="Test CPU", commi
     run = RunDir(path)
     header = run.read_header()
     header.update(engine=engine, segments=[{"from_epoch": 0, "geolens": "0.1.0", "geolens_commit": commit,
-                                            "machine": {"cpu": cpu, "cpu_capability": "AVX2", "torch_threads": threads}}])
+                                            "machine": {"cpu": cpu, "cpu_capability": "AVX2", "torch_threads": threads,
+                                                        **({"gpu": gpu} if gpu else {})}}])
     run.write_header(header)
 
 
@@ -286,6 +287,10 @@ def test_provenance_notes_name_dirty_and_mixed_commits(tmp_path, geolens):
     from geolens.runs.runset import provenance_notes
 
     assert provenance_notes([Run(root / "seed_1"), Run(root / "seed_3")]) == []  # one clean commit: nothing to say
+    _replicate(root / "seed_4", "ln", 4, 1300, "deep", 1, commit="a" * 40, gpu="Test GPU")
+    assert provenance_notes([Run(root / f"seed_{s}") for s in (1, 3, 4)]) == [
+        "provenance: the runs were trained on 2 kinds of device (a seed trains in another float order on each): "
+        "CPU (2 runs), Test GPU (1 runs)"]
 
 
 def test_experiment_scripts_refuse_a_dirty_tree(tmp_path):

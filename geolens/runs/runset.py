@@ -168,14 +168,18 @@ def extras(cfg: GeoConfig) -> dict[str, object]:
 def provenance_notes(runs: list[Run], shown: int = 3) -> list[str]:
     """What a table drawn from these runs must say about the code that trained them (run.json
     `segments`): the runs trained, in whole or in part, from an uncommitted tree ('+dirty'), the
-    commits when more than one trained them, the runs that record none. [] when one clean commit
-    trained every run."""
+    commits when more than one trained them, the devices (a GPU's name, or CPU) when more than one did (a seed
+    trains in another float order on each), the runs that record no commit. [] when one clean commit on one kind
+    of device trained every run."""
     def listed(paths: list[str]) -> str:
         return ", ".join(paths[:shown]) + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
 
-    dirty, unknown, commits = [], [], {}
+    dirty, unknown, commits, devices = [], [], {}, {}
     for run in runs:
-        made = [seg.get("geolens_commit") for seg in run.header.get("segments", [])] or [None]
+        segments = run.header.get("segments", [])
+        for device in {seg["machine"].get("gpu") or "CPU" for seg in segments if seg.get("machine")}:
+            devices[device] = devices.get(device, 0) + 1
+        made = [seg.get("geolens_commit") for seg in segments] or [None]
         if any(c is None for c in made):
             unknown.append(str(run.path))
         if any(c and c.endswith("+dirty") for c in made):
@@ -189,6 +193,10 @@ def provenance_notes(runs: list[Run], shown: int = 3) -> list[str]:
     if len(commits) > 1:
         notes.append(f"provenance: the runs were trained at {len(commits)} commits: "
                      + ", ".join(f"{sha} ({n} runs)" for sha, n in sorted(commits.items(), key=lambda kv: -kv[1])))
+    if len(devices) > 1:
+        notes.append(f"provenance: the runs were trained on {len(devices)} kinds of device (a seed trains in another "
+                     "float order on each): " + ", ".join(f"{d} ({n} runs)" for d, n in
+                                                          sorted(devices.items(), key=lambda kv: -kv[1])))
     if unknown:
         notes.append(f"provenance: {len(unknown)} of {len(runs)} runs record no commit: {listed(unknown)}")
     return notes
