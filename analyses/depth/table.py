@@ -9,7 +9,8 @@ within their budget, and the paper's one-layer row (Table 1, lr 6e-4) where one 
 verdicts of docs/depth.md rest on, each a one-sided Mann-Whitney U (scipy.stats.mannwhitneyu) on the
 per-seed onsets, a seed without an onset ranked after every onset (censored at its budget): does a
 configuration grok earlier than LayerNorm at the same depth and placement, does the post-norm placement grok
-earlier than the same norms as pre-norms, and does depth change a configuration's onset. Provenance notes (runset.found_runs) say which commits trained the records.
+earlier than the same norms as pre-norms, and does depth change a configuration's onset; and whether a GPU's runs
+grok earlier than the CPU's within the configurations trained on both (significance.earlier_within). Provenance notes (runset.found_runs) say which commits trained the records.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from geolens.analysis.significance import earlier_onsets, fmt_p
+from geolens.analysis.significance import earlier_onsets, earlier_within, fmt_p
 from geolens.outputs.paper import paper_tables
 from geolens.outputs.stats import onset_cell
 from geolens.outputs.tables import Rule
@@ -37,17 +38,40 @@ def config_key(cfg) -> str:
     return f"{base}_{cfg.norm_placement}"
 
 
-def collect(root: Path) -> tuple[dict[tuple[str, str, int], list[tuple[int | None, int]]], list[str]]:
-    """{(task label, config key, n_layers): [(onset or None, final epoch) per seed]} and the provenance notes."""
+def device(run) -> str:
+    """The GPU's name, or CPU, of the run's first training segment (run.json `segments`)."""
+    return ((run.header.get("segments") or [{}])[0].get("machine") or {}).get("gpu") or "CPU"
+
+
+def collect(root: Path) -> tuple[dict[tuple[str, str, int], list[tuple[int | None, int]]],
+                                 dict[tuple[str, str, int], list[str]], list[str]]:
+    """{(task label, config key, n_layers): [(onset or None, final epoch) per seed]}, the same keys' devices
+    (device() per seed) and the provenance notes."""
     runs, notes = found_runs(root)
     out: dict[tuple[str, str, int], list[tuple[int | None, int]]] = {}
+    devices: dict[tuple[str, str, int], list[str]] = {}
     for run in sorted(runs, key=lambda r: (r.config.task_label, config_key(r.config), r.config.n_layers, r.config.seed)):
         if run.header.get("status") != "finished":
             continue
         cfg = run.config
-        out.setdefault((cfg.task_label, config_key(cfg), cfg.n_layers), []).append(
-            (RULE.onset(run.metrics), run.metrics[-1]["epoch"]))
-    return out, notes
+        key = (cfg.task_label, config_key(cfg), cfg.n_layers)
+        out.setdefault(key, []).append((RULE.onset(run.metrics), run.metrics[-1]["epoch"]))
+        devices.setdefault(key, []).append(device(run))
+    return out, devices, notes
+
+
+def device_tests(data, devices) -> list[str]:
+    """Rows testing whether one device's runs grok earlier than the CPU's, within the configurations trained on both
+    (significance.earlier_within: one stratum per configuration, depth and task)."""
+    rows = []
+    for gpu in sorted({d for ds in devices.values() for d in ds} - {"CPU"}):
+        strata = [([o for (o, _), d in zip(data[k], devices[k]) if d == gpu],
+                   [o for (o, _), d in zip(data[k], devices[k]) if d == "CPU"])
+                  for k in data if {gpu, "CPU"} <= set(devices[k])]
+        runs = f"{len(strata)} ({sum(len(a) for a, _ in strata)} vs {sum(len(b) for _, b in strata)} runs)"
+        rows.append(f"| {gpu} runs earlier than CPU runs | {runs} | {fmt_p(earlier_within(strata))} |")
+        rows.append(f"| CPU runs earlier than {gpu} runs | {runs} | {fmt_p(earlier_within([(b, a) for a, b in strata]))} |")
+    return rows
 
 
 def cell(seeds: list[tuple[int | None, int]] | None) -> str:
@@ -71,7 +95,7 @@ def paper_cell(key: str) -> str:
 
 def build(root: Path) -> tuple[str, str]:
     """(the onset table with its notes, the table of tests), as Markdown."""
-    data, notes = collect(root)
+    data, devices, notes = collect(root)
     tasks = sorted({t for t, _, _ in data})
     lines = ["| task | configuration | 1 layer: onset mean ± std [95% CI] | 2 layers | paper, 1 layer (Table 1, lr 6e-4) |",
              "| --- | --- | --- | --- | --- |"]
@@ -100,6 +124,10 @@ def build(root: Path) -> tuple[str, str]:
             if one and two:
                 tests.append(f"| {task} | {key}: 2 layers earlier than 1 | 2 vs 1 | {earlier(two, one)} |")
                 tests.append(f"| {task} | {key}: 1 layer earlier than 2 | 1 vs 2 | {earlier(one, two)} |")
+    if rows := device_tests(data, devices):
+        tests += ["", "Devices: one-sided stratified Mann-Whitney (a stratum per configuration trained on both; a seed",
+                  "trains in another float order on each device, which should move onsets either way alike):", "",
+                  "| question | configurations | p |", "| --- | --- | --- |", *rows]
     onsets = "\n".join(lines)
     if notes:
         onsets += "\n\nNotes:\n\n" + "\n".join(f"- {n}" for n in notes)

@@ -2,15 +2,18 @@
 Holm correction for many such tests, a bootstrap interval of a median, a sign test of shifts, a rank test
 of two configurations' onsets.
 
-Every test is scipy.stats' (permutation_test, bootstrap, binomtest); the one step scipy does not
-ship, Holm's step-down correction, is holm() below (scipy.stats.false_discovery_control controls the
+Every test is scipy.stats' (permutation_test, bootstrap, binomtest); the steps scipy does not
+ship are below: a stratified rank test (earlier_within: the exact null by enumeration), and Holm's step-down
+correction, holm() (scipy.stats.false_discovery_control controls the
 false discovery rate, a weaker guarantee than Holm's family-wise error rate). Resampling is seeded:
 the same values always give the same p-value and interval. docs/metrics.md states each definition.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import Counter
 from typing import Sequence
 
 import numpy as np
@@ -104,6 +107,35 @@ def earlier_onsets(a: Sequence[int | None], b: Sequence[int | None]) -> float | 
     last = (max(seen) + 1) if seen else 1
     x, y = ([last if v is None else v for v in side] for side in (a, b))
     return float(stats.mannwhitneyu(x, y, alternative="less", method="exact").pvalue)
+
+
+def earlier_within(strata: Sequence[tuple[Sequence[int | None], Sequence[int | None]]]) -> float | None:
+    """One-sided p-value that the onsets a come earlier than the onsets b within strata (e.g. one stratum per
+    configuration, a and b its runs on two devices): the stratified Mann-Whitney statistic, the sum over strata of
+    U = the (a, b) pairs with a's onset first (ties half), against its exact null distribution: every split of each
+    stratum's runs into groups of a's and b's sizes, equally likely, independently across strata (enumerated;
+    scipy.stats has no stratified rank test). A run without an onset ranks after every onset of its stratum. Strata
+    without runs on both sides are left out; None when none is left."""
+    def twice_u(a: list[float], b: list[float]) -> int:
+        return sum(2 * (x < y) + (x == y) for x in a for y in b)
+
+    observed, null, used = 0, Counter({0: 1}), False  # 2U summed over strata; its null as {2U: number of splits}
+    for a, b in strata:
+        if not a or not b:
+            continue
+        used = True
+        pooled = [math.inf if v is None else float(v) for v in (*a, *b)]
+        observed += twice_u(pooled[:len(a)], pooled[len(a):])
+        splits = Counter(twice_u([pooled[i] for i in chosen], [pooled[i] for i in range(len(pooled)) if i not in chosen])
+                         for chosen in itertools.combinations(range(len(pooled)), len(a)))
+        convolved = Counter()
+        for u, n in null.items():
+            for v, m in splits.items():
+                convolved[u + v] += n * m
+        null = convolved
+    if not used:
+        return None
+    return sum(n for u, n in null.items() if u >= observed) / sum(null.values())
 
 
 def fmt_p(p: float | None) -> str:
