@@ -296,9 +296,12 @@ def analyze(
                                           "computing, else 1: only this process)."),
     out: Optional[Path] = typer.Option(None, help="Folder for the analysis (cache, metrics.csv, report, figures); "
                                        "default RUN/analysis. Use it for a read-only run."),
+    llc: str = typer.Option("", help="SGLD settings of the llc metric, e.g. lr=1e-7,n_beta=1000,draws=20000 (fields of "
+                            "LLCSettings; the rest DEFAULT_LLC's, calibrated on fb: docs/landscape.md)."),
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
     """Evaluate metrics at every checkpoint (cached), write analysis/metrics.csv and analysis/report.html."""
+    from geolens.analysis.llc import LLCSettings
     from geolens.analysis.trajectory import analyze_run
     from geolens.outputs.plots import check_formats
     from geolens.outputs.report import write_report
@@ -311,8 +314,9 @@ def analyze(
         key_choice = keys if keys in ("final", "each") else [int(k) for k in keys.split(",")]
     except ValueError:
         raise GeoError(f"--keys '{keys}' must be final, each or comma-separated frequencies, e.g. --keys 4,32") from None
+    settings = LLCSettings.parse(llc)
     traj = analyze_run(r, _names(metrics), _ints(steps, "--steps"), progress=not quiet, keys=key_choice,
-                       workers=workers, out=out)
+                       workers=workers, out=out, llc=settings)
     report = write_report(traj, _ints(at, "--at"), formats)
     console.print(f"{len(traj.steps)} checkpoints, {traj.computed} metric evaluations computed "
                   f"(the rest from cache); table {traj.out / 'metrics.csv'}; report {report}")

@@ -123,3 +123,38 @@ def test_llc_calibrate_writes_its_table_and_refuses_bad_input(tmp_path, geolens)
     assert r.returncode == 2 and "LLC sampler 'hmc' is not known" in r.stderr
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 15)
     assert r.returncode == 2 and "no checkpoint at epoch 15" in r.stderr
+
+
+def test_analyze_takes_llc_settings_keys_the_cache_by_them_and_keeps_them_in_the_table(tmp_path, geolens):
+    """`geolens analyze --metrics llc --llc ...` estimates with those settings (the llc_setting_* columns say so); the
+    same settings again come from the cache, other settings are computed afresh; an analysis that does not ask for
+    the llc keeps the cached values, whatever their settings; a bad setting is one line, exit 2."""
+    import csv
+
+    from geolens.training import train as training
+
+    cfg = make_config("fb", p=11, d_model=16, n_heads=2, d_head=8, d_mlp=32, frac_train=0.5, epochs=20, eval_every=10,
+                      checkpoints="every:10")
+    training.train(cfg, tmp_path / "r", progress=False)
+
+    def at_20() -> dict[str, float]:  # the tidy table's values at epoch 20
+        rows = csv.DictReader((tmp_path / "r" / "analysis" / "metrics.csv").open())
+        return {r["name"]: float(r["value"]) for r in rows if r["step"] == "20"}
+
+    def analyze(*extra):
+        r = geolens("analyze", "--run", tmp_path / "r", "--steps", "20", "--static", "", "--quiet", *extra)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20,lr=1e-6")
+    first = at_20()
+    assert (first["llc_setting_draws"], first["llc_setting_lr"]) == (20, 1e-6) and math.isfinite(first["llc"])
+    assert "0 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20")
+    analyze("--metrics", "loss")
+    assert at_20()["llc"] == first["llc"] and "loss_train" in " ".join(at_20())  # kept, at its settings
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20")
+    assert (at_20()["llc_setting_lr"], at_20()["llc_setting_draws"]) == (LLCSettings().lr, 20)
+    for bad, message in (("draws=1.5", "LLC setting draws='1.5' must be a whole number above 0"),
+                         ("steps=3", "LLC setting 'steps' is not known")):
+        r = geolens("analyze", "--run", tmp_path / "r", "--metrics", "llc", "--llc", bad)
+        assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -51,10 +51,11 @@ class AnalysisContext:
     """Shared, lazily computed inputs of all metrics for one checkpoint (model, cfg, dataset).
 
     key_freqs: pin the key frequencies (group-order frequencies, strongest first) instead of
-    taking keyfreq_wl_fft of this checkpoint. n_keys: how many keys the paper rule keeps.
+    taking keyfreq_wl_fft of this checkpoint. n_keys: how many keys the paper rule keeps. llc: the llc
+    metric's SGLD settings (an llc.LLCSettings; None: llc.DEFAULT_LLC).
     """
 
-    def __init__(self, model, cfg: GeoConfig, dataset: Dataset, key_freqs=None, n_keys: int = N_KEYS):
+    def __init__(self, model, cfg: GeoConfig, dataset: Dataset, key_freqs=None, n_keys: int = N_KEYS, llc=None):
         device = next(model.parameters()).device
         if device.type != "cpu":
             raise GeoError(f"the analysis runs on CPU but the model is on {device}; pass model.cpu()")
@@ -62,6 +63,7 @@ class AnalysisContext:
         self.cfg = cfg
         self.dataset = dataset
         self.n_keys = n_keys
+        self.llc = llc
         self._pinned_keys = None if key_freqs is None else torch.as_tensor(key_freqs, dtype=torch.long).flatten()
 
     # -- one forward over every input --

@@ -27,7 +27,7 @@ import contextlib
 import io
 import math
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +61,20 @@ class LLCSettings:
         if self.sampler not in SAMPLERS:
             raise GeoError(f"LLC sampler '{self.sampler}' is not known; choose one of {', '.join(SAMPLERS)}")
 
+    @classmethod
+    def parse(cls, text: str, base: "LLCSettings | None" = None) -> "LLCSettings":
+        """Settings from 'lr=1e-7,n_beta=1000,draws=20000' (fields of LLCSettings; the others base's, default
+        DEFAULT_LLC's). A GeoError names an unknown field or a bad value (numbers other than the seed are > 0;
+        chains, draws, batch_size and seed whole)."""
+        kinds = {f.name: f.type for f in fields(cls)}
+        changes: dict[str, object] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            name, _, value = (part.strip() for part in item.partition("="))
+            if name not in kinds:
+                raise GeoError(f"LLC setting '{name}' is not known; use NAME=VALUE with NAME one of {', '.join(kinds)}")
+            changes[name] = value if kinds[name] == "str" else _setting_number(name, value, kinds[name] == "int")
+        return replace(base or cls(), **changes)
+
     def key(self) -> str:
         """The settings as one string: part of the llc metric's cache key (the sampler only when not 'sgld', so
         keys written before it was a setting stay valid)."""
@@ -68,6 +82,19 @@ class LLCSettings:
 
 
 DEFAULT_LLC = LLCSettings()
+
+
+def _setting_number(name: str, text: str, whole: bool) -> float | int:
+    """The number an LLC setting's text gives (LLCSettings.parse), or a GeoError saying what it must be."""
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or (whole and not number.is_integer()) or (name != "seed" and number <= 0):
+        kind = "a whole number" if whole else "a number"
+        raise GeoError(f"LLC setting {name}={text!r} must be {kind}{'' if name == 'seed' else ' above 0'}; "
+                       "e.g. --llc lr=1e-7,n_beta=1000,draws=20000")
+    return int(number) if whole else number
 
 
 def sample_llc(model: torch.nn.Module, rows: Int[Tensor, "N k"], loss_fn, settings: LLCSettings,

@@ -27,7 +27,7 @@ from torch import Tensor
 from geolens.analysis import circuit, clockpizza, fve, geometry, health, keyfreq, landscape, progress_measures
 from geolens.analysis.context import AnalysisContext
 from geolens.analysis.threads import torch_threads
-from geolens.analysis.llc import DEFAULT_LLC
+from geolens.analysis.llc import DEFAULT_LLC, LLCSettings
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig
 from geolens.model.tasks import Dataset
@@ -120,14 +120,20 @@ def m_llc(ctx: AnalysisContext) -> dict[str, float]:
     from geolens.analysis import llc
 
     x, y = ctx.dataset.train
+    settings = ctx.llc or llc.DEFAULT_LLC
     out = {}
     for component in (None, *llc.COMPONENTS):
-        res = llc.model_llc(ctx.model, x, y, llc.DEFAULT_LLC, component)
+        res = llc.model_llc(ctx.model, x, y, settings, component)
         name = "llc" if component is None else f"llc_{component}"
         out[name], out[f"{name}_std"] = res["llc"], res["llc_std"]
     out["llc_init_loss"] = res["init_loss"]
-    out.update({f"llc_setting_{k}": float(v) for k, v in asdict(llc.DEFAULT_LLC).items() if k != "sampler"})
+    out.update({f"llc_setting_{k}": float(v) for k, v in asdict(settings).items() if k != "sampler"})
     return out
+
+
+def llc_version(settings: LLCSettings) -> str:
+    """The llc metric's version: its definition's, then the SGLD settings its values were estimated with."""
+    return "1:" + settings.key()
 
 
 def m_sharpness(ctx: AnalysisContext) -> dict[str, float]:
@@ -314,7 +320,7 @@ METRICS: dict[str, MetricSpec] = {
         _spec("nlm_cosine", m_nlm_cosine, _always, "cos(-grad of train loss, parameters), total and per tensor"),
         _spec("sharpness", m_sharpness, _always, "top eigenvalue of the training loss's Hessian (Lanczos on Hessian-vector products)", opt_in=True),
         _spec("llc", m_llc, _always, "local learning coefficient (devinterp SGLD), whole model and per component",
-              version="1:" + DEFAULT_LLC.key(), opt_in=True),
+              version=llc_version(DEFAULT_LLC), opt_in=True),
         _spec("dla", m_dla, _always, "direct logit attribution at `=` (correct minus mean others), mean over inputs"),
         _spec("attn_eq", m_attn_eq, _always, "mean attention of `=` onto a, b, = per head"),
         _spec("embed_circles", m_embed_circles, _cyclic, "energy share and roundness of the embeddings on each key plane", uses_keys=True),
@@ -347,15 +353,15 @@ def skip_reason(name: str, cfg: GeoConfig) -> str | None:
 
 def compute_metrics(
     model=None, cfg: GeoConfig | None = None, dataset: Dataset | None = None, names=None, key_freqs=None,
-    num_threads: int | None = 1, context: AnalysisContext | None = None,
+    num_threads: int | None = 1, context: AnalysisContext | None = None, llc: LLCSettings | None = None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Compute the named metrics (default_metrics(): all but the opt-in ones) on one checkpoint.
 
     Returns (rows, skipped): rows[name] is the metric's flat dict of floats; skipped[name] is the
     reason a metric does not apply to this config. key_freqs pins the key frequencies (see
     AnalysisContext). context: an AnalysisContext to compute on instead of (model, cfg, dataset,
-    key_freqs), so a caller that reads activations from it too runs the forward only once
-    (compute_metrics(context=ctx, names=...)). num_threads: torch threads for the duration of the
+    key_freqs, llc), so a caller that reads activations from it too runs the forward only once
+    (compute_metrics(context=ctx, names=...)). llc: the llc metric's SGLD settings (default DEFAULT_LLC). num_threads: torch threads for the duration of the
     call, restored after; None keeps the caller's setting. The default is one thread: most analysis
     ops are small and memory-bound, and on cores shared with other processes every 2-thread OpenMP
     region stalls when the other core is busy, while one thread degrades gracefully
@@ -368,10 +374,10 @@ def compute_metrics(
     if context is None:
         if model is None or cfg is None or dataset is None:
             raise GeoError("compute_metrics needs model, cfg and dataset, or context=AnalysisContext(...)")
-        context = AnalysisContext(model, cfg, dataset, key_freqs=key_freqs)
-    elif any(x is not None for x in (model, cfg, dataset, key_freqs)):
-        raise GeoError("compute_metrics takes model, cfg, dataset (and key_freqs) or a context, not both; the "
-                       "context carries them (AnalysisContext(model, cfg, dataset, key_freqs=...))")
+        context = AnalysisContext(model, cfg, dataset, key_freqs=key_freqs, llc=llc)
+    elif any(x is not None for x in (model, cfg, dataset, key_freqs, llc)):
+        raise GeoError("compute_metrics takes model, cfg, dataset (and key_freqs, llc) or a context, not both; the "
+                       "context carries them (AnalysisContext(model, cfg, dataset, key_freqs=..., llc=...))")
     rows: dict[str, dict[str, float]] = {}
     skipped: dict[str, str] = {}
     with torch_threads(num_threads):
@@ -389,6 +395,15 @@ def default_metrics() -> list[str]:
     return [name for name, spec in METRICS.items() if not spec.opt_in]
 
 
-def metric_versions() -> dict[str, str]:
-    """{metric name: version} for cache invalidation."""
-    return {name: spec.version for name, spec in METRICS.items()}
+def metric_versions(llc: LLCSettings = DEFAULT_LLC) -> dict[str, str]:
+    """{metric name: version} for cache invalidation, the llc metric's for these SGLD settings."""
+    return {name: spec.version for name, spec in METRICS.items()} | {"llc": llc_version(llc)}
+
+
+def same_definition(name: str, cached: str | None, current: str) -> bool:
+    """Whether a cached value of metric `name` (its version `cached`) is of the current definition (`current`):
+    equal versions, except that an llc value estimated with other SGLD settings still is (its llc_setting_*
+    columns say which); only a computation asks for the very settings."""
+    if name == "llc" and cached is not None:
+        return cached.split(":", 1)[0] == current.split(":", 1)[0]
+    return cached == current

@@ -158,10 +158,11 @@ def resolve_keys(run: Run, keys: str | list[int] | None, final_entry: dict | Non
     return [int(k) for k in keys]
 
 
-def _metrics_at(run: Run, step: int, names: list[str], pinned: list[int] | None):
+def _metrics_at(run: Run, step: int, names: list[str], pinned: list[int] | None, llc):
     from geolens.analysis import compute_metrics
 
-    return compute_metrics(run.model_at(step), run.config_at(step), run.dataset, names=names, key_freqs=pinned, num_threads=1)
+    return compute_metrics(run.model_at(step), run.config_at(step), run.dataset, names=names, key_freqs=pinned,
+                           num_threads=1, llc=llc)
 
 
 _WORKER_RUNS: dict[str, Run] = {}  # per worker process: the run, loaded once
@@ -189,10 +190,10 @@ def _start_worker(path: str) -> None:
         _WORKER_RUNS[path] = Run(path)
 
 
-def _worker_metrics(path: str, step: int, names: list[str], pinned: list[int] | None):
+def _worker_metrics(path: str, step: int, names: list[str], pinned: list[int] | None, llc):
     """One step's (rows, skipped) in a worker process."""
     _start_worker(path)
-    return _metrics_at(_WORKER_RUNS[path], step, names, pinned)
+    return _metrics_at(_WORKER_RUNS[path], step, names, pinned, llc)
 
 
 @contextmanager
@@ -215,7 +216,7 @@ def _caller_step(queue: list[int]) -> int | None:
     return queue.pop() if queue else None
 
 
-def _results(run: Run, jobs: dict[int, list[str]], pinned, pool, n_workers: int):
+def _results(run: Run, jobs: dict[int, list[str]], pinned, llc, pool, n_workers: int):
     """(step, (rows, skipped)) for every job, in completion order.
 
     With a pool of n_workers, steps go to the workers only once one has started (imports and run
@@ -223,7 +224,7 @@ def _results(run: Run, jobs: dict[int, list[str]], pinned, pool, n_workers: int)
     whenever no worker result is waiting, the calling process computes the last queued step itself.
     """
     if pool is None:
-        yield from ((step, _metrics_at(run, step, todo, pinned)) for step, todo in jobs.items())
+        yield from ((step, _metrics_at(run, step, todo, pinned, llc)) for step, todo in jobs.items())
         return
     path, queue, running = str(run.path), list(jobs), {}
     started = pool.submit(_start_worker, path)
@@ -232,7 +233,7 @@ def _results(run: Run, jobs: dict[int, list[str]], pinned, pool, n_workers: int)
             started.result()  # a worker that cannot load the run raises here
             while queue and len(running) < 2 * n_workers:
                 step = queue.pop(0)
-                running[pool.submit(_worker_metrics, path, step, jobs[step], pinned)] = step
+                running[pool.submit(_worker_metrics, path, step, jobs[step], pinned, llc)] = step
         done = [f for f in running if f.done()]
         for f in done:
             yield running.pop(f), f.result()
@@ -240,27 +241,29 @@ def _results(run: Run, jobs: dict[int, list[str]], pinned, pool, n_workers: int)
             continue
         step = _caller_step(queue)
         if step is not None:
-            yield step, _metrics_at(run, step, jobs[step], pinned)
+            yield step, _metrics_at(run, step, jobs[step], pinned, llc)
         else:
             wait(list(running) or [started], return_when=FIRST_COMPLETED)
 
 
 def cached_metrics(run: Run, step: int, names: list[str]) -> dict[str, dict[str, float]]:
     """The values of `names` at checkpoint `step` that analyze_run has cached and that are still
-    valid (same checkpoint bytes and metric version; key-frequency metrics only as computed with
-    each checkpoint's own keys); reads only, computes nothing."""
+    valid (same checkpoint bytes and metric definition, the llc metric at whichever SGLD settings; key-frequency
+    metrics only as computed with each checkpoint's own keys); reads only, computes nothing."""
     from geolens.analysis import METRICS, metric_versions
+    from geolens.analysis.registry import same_definition
 
     entries = _read_cache([run.path / ANALYSIS_DIR], step, _sha256(run.dir.ckpt_path(step)))
     versions = metric_versions()
     return {n: entries[n]["values"] for n in names
-            if "values" in entries.get(n, {}) and entries[n].get("version") == versions[n]
+            if "values" in entries.get(n, {}) and same_definition(n, entries[n].get("version"), versions[n])
             and (not METRICS[n].uses_keys or entries[n].get("keys") is None)}
 
 
 def analyze_run(
     run: Run, metrics: list[str] | None = None, steps: list[int] | None = None, progress: bool = True,
     keys: str | list[int] | None = "final", workers: int | None = None, out: str | Path | None = None,
+    llc=None,
 ) -> Trajectory:
     """Evaluate metrics (all by default) at the chosen checkpoints, reusing the cache; returns (and
     writes to OUT/metrics.csv) everything known about the run: these and every other cached metric.
@@ -270,9 +273,12 @@ def analyze_run(
     computes while the workers-1 spawned ones start); None: os.cpu_count() when at least
     AUTO_WORKERS_MIN_STEPS checkpoints need computing, else 1 (in-process only). Scripts that use
     workers need the `if __name__ == "__main__":` guard (the spawn start method).
-    out: the analysis folder (default RUN/analysis; see analysis_folder)."""
+    out: the analysis folder (default RUN/analysis; see analysis_folder).
+    llc: the llc metric's SGLD settings (an llc.LLCSettings; None: DEFAULT_LLC). A cached llc value at other
+    settings is recomputed when llc is asked for and kept in the table otherwise (its llc_setting_* columns)."""
     from geolens.analysis import METRICS, default_metrics, metric_versions
-    from geolens.analysis.registry import skip_reason
+    from geolens.analysis.llc import DEFAULT_LLC
+    from geolens.analysis.registry import same_definition, skip_reason
 
     names = default_metrics() if metrics is None else metrics
     unknown = [n for n in names if n not in METRICS]
@@ -281,11 +287,17 @@ def analyze_run(
     if workers is not None and workers < 1:
         raise GeoError(f"workers must be at least 1 (got {workers}); leave it unset for automatic")
     folder = analysis_folder(run, out)
-    versions = metric_versions()
+    llc = llc or DEFAULT_LLC
+    versions = metric_versions(llc)
     chosen = select_steps(run, steps)
 
-    def fresh(name: str, entry: dict) -> bool:  # a cached skip is stale once the metric serves this config
-        return (isinstance(entry, dict) and entry.get("version") == versions.get(name)
+    def fresh(name: str, entry: dict, exact: bool = True) -> bool:
+        """Whether a cache entry stands: its version (exact: the very one, else the same definition: an llc value
+        at other settings), its skip (stale once the metric serves this config), its keys."""
+        if not isinstance(entry, dict) or name not in versions:
+            return False
+        cached = entry.get("version")
+        return ((cached == versions[name] if exact else same_definition(name, cached, versions[name]))
                 and ("skipped" not in entry or entry["skipped"] == skip_reason(name, run.config))
                 and (not METRICS[name].uses_keys or entry.get("keys") == pinned))
 
@@ -304,14 +316,14 @@ def analyze_run(
                    TimeRemainingColumn(), disable=not progress)
     with writing(folder), bar, _pool(workers - 1) as pool:
         task = bar.add_task("analyze", total=len(chosen), completed=len(chosen) - len(jobs), step="")
-        for step, (rows, skip) in _results(run, jobs, pinned, pool, workers - 1):
+        for step, (rows, skip) in _results(run, jobs, pinned, llc, pool, workers - 1):
             for n in jobs[step]:
                 entries[step][n] = {"version": versions[n], **({"keys": pinned} if METRICS[n].uses_keys else {}),
                                     **({"skipped": skip[n]} if n in skip else {"values": rows[n]})}
             atomic_write_json(folder / "cache" / f"step_{step:07d}.json",
                               {"checkpoint_sha256": shas[step], "metrics": entries[step]})
             bar.update(task, advance=1, step=f"epoch {step}")
-        known = {s: {n: e for n, e in entries[s].items() if n in METRICS and fresh(n, e)} for s in listed}
+        known = {s: {n: e for n, e in entries[s].items() if n in METRICS and fresh(n, e, exact=False)} for s in listed}
         steps_known = [s for s in listed if known[s]]
         values = {s: {n: e["values"] for n, e in known[s].items() if "values" in e} for s in steps_known}
         skipped = {n: e["skipped"] for s in steps_known for n, e in known[s].items() if "skipped" in e}
