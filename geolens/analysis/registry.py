@@ -361,11 +361,11 @@ def compute_metrics(
     reason a metric does not apply to this config. key_freqs pins the key frequencies (see
     AnalysisContext). context: an AnalysisContext to compute on instead of (model, cfg, dataset,
     key_freqs, llc), so a caller that reads activations from it too runs the forward only once
-    (compute_metrics(context=ctx, names=...)). llc: the llc metric's SGLD settings (default DEFAULT_LLC). num_threads: torch threads for the duration of the
-    call, restored after; None keeps the caller's setting. The default is one thread: most analysis
-    ops are small and memory-bound, and on cores shared with other processes every 2-thread OpenMP
-    region stalls when the other core is busy, while one thread degrades gracefully
-    (docs/performance.md).
+    (compute_metrics(context=ctx, names=...)). llc: the llc metric's SGLD settings (default DEFAULT_LLC).
+    num_threads: torch threads for the duration of the call, restored after; None keeps the caller's setting.
+    The default is one thread: most analysis ops are small and memory-bound, and on cores shared with other
+    processes every 2-thread OpenMP region stalls when the other core is busy, while one thread degrades
+    gracefully (docs/performance.md).
     """
     names = default_metrics() if names is None else list(names)
     unknown = [n for n in names if n not in METRICS]
