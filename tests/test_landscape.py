@@ -66,7 +66,7 @@ def test_the_committed_landscape_tables_are_what_their_records_give():
         return module
 
     traj = load(root / "analyses" / "landscape" / "trajectory_table.py")
-    for name in ("fb_seed1", "ln_seed1", "llc/fb/seed_1", "llc/fb/seed_2", "llc/fb/seed_3", "llc/ln/seed_1", "llc/ln/seed_2"):
+    for name in ("fb_seed1", "ln_seed1", "llc/fb/seed_1", "llc/fb/seed_2", "llc/fb/seed_3", "llc/ln/seed_1", "llc/ln/seed_2", "llc/ln/seed_3"):
         folder = root / "results" / "landscape" / name
         assert traj.table(str(folder / "metrics.csv")) == (folder / "trajectory.md").read_text(), name
     common = root / "results" / "landscape" / "llc_common"
