@@ -23,7 +23,7 @@ from geolens.analysis.significance import earlier_onsets, earlier_within, fmt_p
 from geolens.outputs.paper import paper_tables
 from geolens.outputs.stats import onset_cell
 from geolens.outputs.tables import Rule
-from geolens.runs.runset import found_runs
+from geolens.runs.runset import found_runs, trained_on
 
 RULE = Rule()  # test accuracy > 0.95, every evaluated epoch
 PAPER_ROWS = {"ln_post": ("layernorm", 1.0), "sphere_post": ("bounded_sphere", 1.0), "fb_post": ("bounded_sphere", 0.0)}
@@ -39,8 +39,8 @@ def config_key(cfg) -> str:
 
 
 def device(run) -> str:
-    """The GPU's name, or CPU, of the run's first training segment (run.json `segments`)."""
-    return ((run.header.get("segments") or [{}])[0].get("machine") or {}).get("gpu") or "CPU"
+    """The kind of device of the run's first training segment (runset.trained_on; CPU when not recorded)."""
+    return trained_on((run.header.get("segments") or [{}])[0]) or "CPU"
 
 
 def collect(root: Path) -> tuple[dict[tuple[str, str, int], list[tuple[int | None, int]]],

@@ -165,6 +165,13 @@ def extras(cfg: GeoConfig) -> dict[str, object]:
     return {k: v for k, v in cfg.to_dict().items() if k not in BOOKKEEPING and k not in SHOWN and v != default[k]}
 
 
+def trained_on(segment: dict) -> str | None:
+    """The kind of device a run.json segment trained on: its GPU's name, or 'CPU'; None for segments recorded
+    before machines were."""
+    machine = segment.get("machine")
+    return (machine.get("gpu") or "CPU") if machine else None
+
+
 def provenance_notes(runs: list[Run], shown: int = 3) -> list[str]:
     """What a table drawn from these runs must say about the code that trained them (run.json
     `segments`): the runs trained, in whole or in part, from an uncommitted tree ('+dirty'), the
@@ -177,7 +184,7 @@ def provenance_notes(runs: list[Run], shown: int = 3) -> list[str]:
     dirty, unknown, commits, devices = [], [], {}, {}
     for run in runs:
         segments = run.header.get("segments", [])
-        for device in {seg["machine"].get("gpu") or "CPU" for seg in segments if seg.get("machine")}:
+        for device in {trained_on(seg) for seg in segments} - {None}:
             devices[device] = devices.get(device, 0) + 1
         made = [seg.get("geolens_commit") for seg in segments] or [None]
         if any(c is None for c in made):
