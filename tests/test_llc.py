@@ -97,6 +97,9 @@ def test_the_preconditioned_sampler_is_devinterps_rmsprop_sgld():
     assert pre["trace"] != plain["trace"] and max(pre["trace"][0]) < 1.0
     assert sample_llc(Bowl(4), rows, _loss(2), settings) == pre
     assert "sampler" not in BOWL.key() and settings.key().endswith("sampler=rmsprop_sgld")
+    assert "components" not in BOWL.key() and LLCSettings(components="unembed+mlp").key().endswith("components=unembed+mlp")
+    assert LLCSettings(components="unembed+mlp").component_list == ("mlp", "unembed")
+    assert LLCSettings(components="none").component_list == () and len(LLCSettings().component_list) == 4
     with pytest.raises(GeoError, match="LLC sampler 'hmc' is not known"):
         LLCSettings(sampler="hmc")
 
@@ -146,15 +149,23 @@ def test_analyze_takes_llc_settings_keys_the_cache_by_them_and_keeps_them_in_the
         assert r.returncode == 0, r.stderr
         return r.stdout
 
-    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20,lr=1e-6")
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20,lr=1e-6,components=none")
     first = at_20()
     assert (first["llc_setting_draws"], first["llc_setting_lr"]) == (20, 1e-6) and math.isfinite(first["llc"])
-    assert "0 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20")
+    assert first["llc_stable"] in (0.0, 1.0) and not any(name.startswith("llc_mlp") for name in first)  # whole only
+    assert "0 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,components=none")
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,components=mlp")
+    some = at_20()
+    assert some["llc"] == first["llc"] and math.isfinite(some["llc_mlp"]) and "llc_attn" not in some
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20")
+    first = at_20()
+    assert all(math.isfinite(first[f"llc_{c}"]) for c in ("embed", "attn", "mlp", "unembed"))
     analyze("--metrics", "loss")
     assert at_20()["llc"] == first["llc"] and "loss_train" in " ".join(at_20())  # kept, at its settings
     assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20")
     assert (at_20()["llc_setting_lr"], at_20()["llc_setting_draws"]) == (LLCSettings().lr, 20)
     for bad, message in (("draws=1.5", "LLC setting draws='1.5' must be a whole number above 0"),
-                         ("steps=3", "LLC setting 'steps' is not known")):
+                         ("steps=3", "LLC setting 'steps' is not known"),
+                         ("components=mlp+heads", "LLC components 'mlp+heads' names no component 'heads'")):
         r = geolens("analyze", "--run", tmp_path / "r", "--metrics", "llc", "--llc", bad)
         assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -10,9 +10,16 @@ import csv
 import sys
 from collections import defaultdict
 
-COLUMNS = [("llc", "LLC"), ("llc_std", "std"), ("llc_embed", "embed"), ("llc_attn", "attn"), ("llc_mlp", "mlp"),
-           ("llc_unembed", "unembed"), ("sharpness", "sharpness"), ("loss_train", "train loss"),
+COLUMNS = [("llc", "LLC"), ("llc_std", "std"), ("llc_stable", "stable"), ("llc_embed", "embed"), ("llc_attn", "attn"),
+           ("llc_mlp", "mlp"), ("llc_unembed", "unembed"), ("sharpness", "sharpness"), ("loss_train", "train loss"),
            ("acc_test", "test acc")]
+
+
+def cell(name: str, v: dict[str, float]) -> str:
+    """One cell: '-' where the table has no value (the LLC not estimated there, or before llc_stable existed)."""
+    if name not in v:
+        return "-"
+    return ("yes" if v[name] else "no") if name == "llc_stable" else f"{v[name]:.4g}"
 
 
 def table(path: str) -> str:
@@ -23,7 +30,7 @@ def table(path: str) -> str:
     lines = ["| epoch | " + " | ".join(label for _, label in COLUMNS) + " |", "| --- " * (len(COLUMNS) + 1) + "|"]
     for step in sorted(values):
         v = values[step]
-        lines.append(f"| {step:,} | " + " | ".join(f"{v[name]:.4g}" if name in v else "-" for name, _ in COLUMNS) + " |")
+        lines.append(f"| {step:,} | " + " | ".join(cell(name, v) for name, _ in COLUMNS) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -46,7 +46,8 @@ SAMPLERS = {"sgld": "sgmcmc_sgld", "rmsprop_sgld": "rmsprop_sgld"}  # LLCSetting
 class LLCSettings:
     """SGLD settings: step size lr, inverse temperature n_beta (n times beta), localisation strength, chains,
     draws per chain, minibatch size, seed; sampler: devinterp's plain SGLD ('sgld') or its RMSprop-preconditioned
-    SGLD ('rmsprop_sgld', devinterp's default alpha and eps)."""
+    SGLD ('rmsprop_sgld', devinterp's default alpha and eps); components: which weight-restricted estimates the llc
+    metric adds to the whole model's ('all' of COMPONENTS, 'none', or a '+'-joined subset such as 'mlp+attn')."""
 
     lr: float = 1e-5  # the stable setting of docs/landscape.md's sweep at the shipped fb checkpoint
     n_beta: float = 100.0
@@ -56,10 +57,22 @@ class LLCSettings:
     batch_size: int = 512
     seed: int = 1
     sampler: str = "sgld"
+    components: str = "all"
 
     def __post_init__(self):
         if self.sampler not in SAMPLERS:
             raise GeoError(f"LLC sampler '{self.sampler}' is not known; choose one of {', '.join(SAMPLERS)}")
+        unknown = [c for c in self.components.split("+") if c not in COMPONENTS]
+        if self.components not in ("all", "none") and unknown:
+            raise GeoError(f"LLC components '{self.components}' names no component '{unknown[0]}'; use all, none or "
+                           f"a '+'-joined subset of {', '.join(COMPONENTS)}, e.g. components=mlp+attn")
+
+    @property
+    def component_list(self) -> tuple[str, ...]:
+        """The components to estimate besides the whole model, in COMPONENTS' order."""
+        if self.components in ("all", "none"):
+            return COMPONENTS if self.components == "all" else ()
+        return tuple(c for c in COMPONENTS if c in self.components.split("+"))
 
     @classmethod
     def parse(cls, text: str, base: "LLCSettings | None" = None) -> "LLCSettings":
@@ -76,9 +89,10 @@ class LLCSettings:
         return replace(base or cls(), **changes)
 
     def key(self) -> str:
-        """The settings as one string: part of the llc metric's cache key (the sampler only when not 'sgld', so
-        keys written before it was a setting stay valid)."""
-        return ";".join(f"{k}={v}" for k, v in asdict(self).items() if not (k == "sampler" and v == "sgld"))
+        """The settings as one string: part of the llc metric's cache key (the sampler only when not 'sgld', the
+        components only when not 'all', so keys written before they were settings stay valid)."""
+        defaults = {"sampler": "sgld", "components": "all"}
+        return ";".join(f"{k}={v}" for k, v in asdict(self).items() if defaults.get(k, object()) != v)
 
 
 DEFAULT_LLC = LLCSettings()

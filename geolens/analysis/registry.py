@@ -18,6 +18,7 @@ columns stay stable while the keys move; keyfreq_wl_fft_<r> says which frequency
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -121,19 +122,20 @@ def m_llc(ctx: AnalysisContext) -> dict[str, float]:
 
     x, y = ctx.dataset.train
     settings = ctx.llc or llc.DEFAULT_LLC
-    out = {}
-    for component in (None, *llc.COMPONENTS):
+    whole = llc.model_llc(ctx.model, x, y, settings)
+    stable, _ = llc.judge(whole, chance=math.log(ctx.model.cfg.d_vocab_out))
+    out = {"llc": whole["llc"], "llc_std": whole["llc_std"], "llc_init_loss": whole["init_loss"],
+           "llc_stable": float(stable)}
+    for component in settings.component_list:
         res = llc.model_llc(ctx.model, x, y, settings, component)
-        name = "llc" if component is None else f"llc_{component}"
-        out[name], out[f"{name}_std"] = res["llc"], res["llc_std"]
-    out["llc_init_loss"] = res["init_loss"]
-    out.update({f"llc_setting_{k}": float(v) for k, v in asdict(settings).items() if k != "sampler"})
+        out[f"llc_{component}"], out[f"llc_{component}_std"] = res["llc"], res["llc_std"]
+    out.update({f"llc_setting_{k}": float(v) for k, v in asdict(settings).items() if k not in ("sampler", "components")})
     return out
 
 
 def llc_version(settings: LLCSettings) -> str:
     """The llc metric's version: its definition's, then the SGLD settings its values were estimated with."""
-    return "1:" + settings.key()
+    return "2:" + settings.key()
 
 
 def m_sharpness(ctx: AnalysisContext) -> dict[str, float]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from geolens.analysis.llc import COMPONENTS
 from geolens.analysis.trajectory import Trajectory, keys_settled, keys_words, writing
 from geolens.outputs.plots import FigureSpec, Heatmap, Line, Panel, Region, VLine, html_page, save_static
 from geolens.runs.storage import atomic_write_bytes
@@ -111,8 +112,9 @@ def fig_landscape(traj: Trajectory) -> FigureSpec | None:
                        color="#7f7f7f", legend=sign > 0) for sign in (1, -1)]
         panels.append(Panel("LLC, whole model (devinterp SGLD)", [Line(x, llc, "LLC", mode="lines+markers"), *spread, *marks],
                             "epoch", "LLC"))
-        parts = [line("llc", f"llc_{c}", c, mode="lines+markers") for c in ("embed", "attn", "mlp", "unembed")]
-        panels.append(Panel("LLC per component (SGLD on that group only)", [p for p in parts if p.x] + marks, "epoch", "LLC"))
+        parts = [p for p in (line("llc", f"llc_{c}", c, mode="lines+markers") for c in COMPONENTS) if p.x]
+        if parts:  # none where the llc was estimated with components=none
+            panels.append(Panel("LLC per component (SGLD on that group only)", parts + marks, "epoch", "LLC"))
     sharp = line("sharpness", "sharpness", "top Hessian eigenvalue", mode="lines+markers")
     if sharp.x:
         panels.append(Panel("sharpness (training loss)", [sharp, *marks], "epoch", "eigenvalue", logy=True))
