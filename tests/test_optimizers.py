@@ -100,6 +100,23 @@ def test_flush_denormal_turns_muons_decayed_dead_rows_into_zeros(tmp_path):
     assert make_config("ln", flush_denormal=True).sha256() != make_config("ln").sha256()
 
 
+@pytest.mark.parametrize("caller", [False, True])
+def test_denormals_flushed_sets_the_runs_choice_and_restores_the_callers(caller):
+    """Inside, subnormals are flushed exactly when the run asks (whatever the caller set); after, the caller's
+    setting is back (flushing_denormals reads it: torch has no getter)."""
+    from geolens.training.engine import denormals_flushed, flushing_denormals
+
+    torch.set_flush_denormal(caller)
+    try:
+        assert flushing_denormals() == caller
+        for on in (False, True):
+            with denormals_flushed(on):
+                assert flushing_denormals() == on and _subnormals(torch.tensor([1e-39]) * 1.0) == int(not on)
+            assert flushing_denormals() == caller
+    finally:
+        torch.set_flush_denormal(False)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--set", "optimizer=adam"], "optimizer = 'adam' is not valid; choose one of adamw, sgd, muon"),
     (["--set", "optimizer=sgd", "--set", "momentum=1.5"], "momentum = 1.5 must lie in [0, 1)"),

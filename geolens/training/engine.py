@@ -40,21 +40,28 @@ def synchronize(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
+def flushing_denormals() -> bool:
+    """Whether the CPU now flushes float32 subnormals (torch has no getter: half the smallest normal comes out 0)."""
+    return bool(torch.tensor(2.0**-126) * 0.5 == 0)
+
+
 @contextmanager
 def denormals_flushed(on: bool):
-    """While inside: when `on`, the CPU treats float32 subnormals (|x| < 1.18e-38) as 0 in and out (x86 FTZ/DAZ,
-    torch.set_flush_denormal); restored to torch's default (off) after. Weights and optimizer states that decay
-    towards 0 (Muon's decoupled weight decay shrinks dead neurons' rows by lr * wd per step) otherwise pass through
-    the subnormal range, where each operation on them costs many times a normal one. Bits differ from an unflushed
-    run only where a subnormal arises. A GeoError where this CPU cannot flush."""
+    """While inside: the CPU treats float32 subnormals (|x| < 1.18e-38) as 0 in and out (x86 FTZ/DAZ,
+    torch.set_flush_denormal) when `on`, and computes them when not, whatever the caller had set; the caller's
+    setting is restored after. Weights and optimizer states that decay towards 0 (Muon's decoupled weight decay
+    shrinks dead neurons' rows by lr * wd per step) otherwise pass through the subnormal range, where each operation
+    on them costs many times a normal one. Bits differ from an unflushed run only where a subnormal arises. A
+    GeoError where this CPU cannot flush."""
+    was = flushing_denormals()
     if on and not torch.set_flush_denormal(True):
         raise GeoError("flush_denormal = true but this CPU cannot flush subnormals (torch.set_flush_denormal); "
                        "unset it (--set flush_denormal=false)")
+    torch.set_flush_denormal(on)
     try:
         yield
     finally:
-        if on:
-            torch.set_flush_denormal(False)
+        torch.set_flush_denormal(was)
 
 
 def select_forward(model: GeoTransformer) -> tuple[Engine, Callable[[Tensor], Tensor], str]:
