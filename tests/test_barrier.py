@@ -108,3 +108,23 @@ def test_geolens_figures_draws_each_arms_barrier_to_its_parent(run, tmp_path):
     assert float(row["parent_test_acc"]) == parent.metrics[-1]["test_acc"] and float(row["arm_test_acc"]) == arm.metrics[-1]["test_acc"]
     md = (tmp_path / "table" / "fork_barriers.md").read_text()
     assert "| weight_decay 3 | 50 | 1 | 100 |" in md and "another architecture" in md
+
+
+def test_fork_barriers_sets_each_change_against_the_control_within_seeds():
+    """Three seeds, each with a control arm and two pulse arms whose barriers lie above it: within each seed the
+    control's is the smallest of three (chance 1/3), so the stratified exact test gives (1/3)^3; a pair where a run
+    had not generalised is left out of the comparison."""
+    spec = importlib.util.spec_from_file_location("fork_barriers", ROOT / "analyses" / "landscape" / "fork_barriers.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+
+    def row(change, seed, barrier, acc=1.0):
+        return dict(change=change, seed=seed, barrier_test=barrier, parent_test_acc=acc, arm_test_acc=1.0)
+
+    rows = [r for s in (1, 2, 3) for r in (row("control", s, 1.0), row("wd 3", s, 2.0 + s), row("wd 0.3", s, 3.0 + s))]
+    rows.append(row("wd 3", 1, 0.1, acc=0.4))  # the parent still on its plateau: not compared
+    pooled, *each = table.against_control(rows, "control")
+    assert pooled.startswith("every change: test barrier median 4.5 (6 arms) against the control's 1 (3)")
+    assert pooled.endswith(f"p = {1 / 27:.3g} (stratified exact Mann-Whitney, one-sided)")
+    assert [line.split(":")[0] for line in each] == ["wd 0.3", "wd 3"] and all("p = 0.125" in line for line in each)
+    assert table.against_control(rows, "none")[0].startswith("no arm of the control 'none'")

@@ -1,13 +1,17 @@
 """Loss barriers between fork arms and their parents (docs/landscape.md), from runs with checkpoints.
 
-    python analyses/landscape/fork_barriers.py RUNS [--out results/landscape/fork_barriers]   # .md and .csv
+    python analyses/landscape/fork_barriers.py RUNS [--out results/landscape/fork_barriers] [--control CHANGE]
 
 RUNS is an arm sweep such as `analyses/interventions/run_cpu.sh parents pulses` trains (runs/interventions):
 every fork arm whose parent is among the runs is compared with it at their latest shared checkpoint
 (outputs.figures.barrier_points, the data of `geolens figures`' fork_barrier panel; 11 points on the line).
 One row per arm: the change, fork step, seed, the epoch compared, both runs' test accuracy there (whether
 both had generalised), the arm's onset shift (first epoch with test accuracy > 0.95, arm - parent), and the
-train and test barriers.
+train and test barriers. With --control (a change label as the table prints it, e.g. the 1% chaos control
+"schedule weight_decay=1.01@+0:+200"), each other change's test barriers are set against the control's, among
+the pairs where both runs had generalised (test accuracy >= 0.95 at the epoch compared), within seeds (arms of
+one seed share their parent): the stratified exact Mann-Whitney test (significance.earlier_within), one-sided,
+that the control's barriers are the smaller: the control measures the barrier any negligible perturbation leads to.
 """
 
 from __future__ import annotations
@@ -17,11 +21,15 @@ import csv
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from geolens.analysis.significance import earlier_within, fmt_p
 from geolens.outputs.figures import barrier_points
 from geolens.outputs.tables import Rule
 from geolens.runs.runset import found_runs
 
 RULE = Rule()  # test accuracy > 0.95, every evaluated epoch
+GENERALISED = 0.95  # both runs' test accuracy at the compared epoch, for the comparison with the control
 COLUMNS = ["parent", "change", "fork_step", "seed", "at", "parent_test_acc", "arm_test_acc", "onset_shift",
            "barrier_test", "barrier_train"]
 
@@ -45,7 +53,30 @@ def rows_of(root: Path) -> tuple[list[dict], list[str]]:
     return rows, notes + missing
 
 
-def markdown(rows: list[dict], notes: list[str]) -> str:
+def against_control(rows: list[dict], control: str) -> list[str]:
+    """One line per change (and one for all changes pooled): its test barriers' median and count against the
+    control's, where both runs had generalised, and the within-seed one-sided p-value that the control's are smaller."""
+    both = [r for r in rows if min(r["parent_test_acc"], r["arm_test_acc"]) >= GENERALISED]
+    ctrl = [r for r in both if r["change"] == control]
+    if not ctrl:
+        return [f"no arm of the control '{control}' with both runs generalised: nothing to compare"]
+    others = [r for r in both if r["change"] != control]
+    seeds = sorted({r["seed"] for r in both})
+    def median(group: list[dict]) -> float:
+        return float(np.median([r["barrier_test"] for r in group]))
+
+    lines = []
+    for name, arms in [("every change", others)] + [(c, [r for r in others if r["change"] == c])
+                                                     for c in sorted({r["change"] for r in others})]:
+        strata = [([r["barrier_test"] for r in ctrl if r["seed"] == s], [r["barrier_test"] for r in arms if r["seed"] == s])
+                  for s in seeds]
+        lines.append(f"{name}: test barrier median {median(arms):.3g} ({len(arms)} arms) against the control's "
+                     f"{median(ctrl):.3g} ({len(ctrl)}); the control's smaller within seeds: p = {fmt_p(earlier_within(strata))} "
+                     "(stratified exact Mann-Whitney, one-sided)")
+    return lines
+
+
+def markdown(rows: list[dict], notes: list[str], comparison: list[str] | None = None) -> str:
     lines = ["| parent | change | fork step | seed | compared at | test acc parent / arm | onset shift | test barrier "
              "| train barrier |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -54,6 +85,8 @@ def markdown(rows: list[dict], notes: list[str]) -> str:
                      f"{r['parent_test_acc']:.3f} / {r['arm_test_acc']:.3f} | {shift} | {r['barrier_test']:.3g} | "
                      f"{r['barrier_train']:.3g} |")
     text = "\n".join(lines) + "\n"
+    if comparison:
+        text += "\nAgainst the control (pairs where both runs had generalised):\n\n" + "\n".join(f"- {c}" for c in comparison) + "\n"
     if notes:
         text += "\nNotes:\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     return text
@@ -63,11 +96,12 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", help="folder of runs with checkpoints: parents and their fork arms")
     ap.add_argument("--out", default="results/landscape/fork_barriers", help="folder for fork_barriers.md and .csv")
+    ap.add_argument("--control", help="change label of the control arms, as the table prints it, to compare with")
     args = ap.parse_args(argv)
     rows, notes = rows_of(Path(args.runs))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    text = markdown(rows, notes)
+    text = markdown(rows, notes, against_control(rows, args.control) if args.control else None)
     (out / "fork_barriers.md").write_text(text)
     with open(out / "fork_barriers.csv", "w", newline="") as f:
         w = csv.DictWriter(f, COLUMNS)
