@@ -7,7 +7,11 @@
 #   lane hybrid  2 layers, post-norm, the sphere preset's bounded readout and wd 1: norm=sphere,layernorm and
 #                norm=layernorm,sphere
 #   lane add3    2 layers, ln_post and fb_post on Z_p sums of 3 operands at p = 23 (12,167 inputs, 3,650 to
-#                train on: the cost of one Z_113 pair epoch; p = 113 has 1.4M inputs, beyond a CPU session)
+#                train on: the cost of one Z_113 pair epoch)
+#   lane add3_113  the same at p = 113 (1,442,897 inputs, 432,869 to train on; DEVICE only: days per run on a CPU).
+#                A 2-layer add3 run peaks at ~19.5 KB per input on the CPU (p = 31 and 59: 1.4 and 4.9 GB), ~28 GB at
+#                p = 113: five stacked seeds would not fit one 139 GB GPU, so this lane trains single runs, one
+#                configuration per background lane, its seeds one after another.
 # Resumable: finished runs are skipped, killed ones continue from their last checkpoint. Records (run.json,
 # metrics.csv, events.json) are copied to results/depth/records after every run; `geolens table --runs
 # results/depth/records` tabulates them. SEEDS="1 2 3" narrows the seeds, CONFIGS="fb_post sphere_post" the
@@ -55,11 +59,12 @@ run() {
     if finished "$out"; then return; fi
     echo "== $(date -Is) $out"
     if [ -f "$out/resume.safetensors" ]; then
-        OMP_NUM_THREADS=1 "$py" -m geolens train --resume --out "$out" --quiet < /dev/null > /dev/null || status=1
+        OMP_NUM_THREADS=1 timeout "${DEADLINE:-0}" "$py" -m geolens train --resume --out "$out" --quiet < /dev/null > /dev/null || status=1
     else
         # shellcheck disable=SC2046
-        OMP_NUM_THREADS=1 "$py" -m geolens train $(config "$name") --set n_layers="$layers" --task "$task" \
-            --p "$p" --seed "$seed" --epochs "$(epochs "$name")" "${COMMON[@]}" --out "$out" --force < /dev/null > /dev/null || status=1
+        OMP_NUM_THREADS=1 timeout "${DEADLINE:-0}" "$py" -m geolens train $(config "$name") --set n_layers="$layers" \
+            --task "$task" --p "$p" --seed "$seed" --epochs "$(epochs "$name")" "${COMMON[@]}" ${DEVICE:+--set device="$DEVICE"} \
+            --out "$out" --force < /dev/null > /dev/null || status=1
     fi
     collect
 }
@@ -84,13 +89,22 @@ lane_runs() {
     two) for c in $(pick $SIX); do echo 2 "$c" add 113; done ;;
     hybrid) for c in $(pick sphere_ln_post ln_sphere_post); do echo 2 "$c" add 113; done ;;
     add3) for c in $(pick ln_post fb_post); do echo 2 "$c" add3 23; done ;;
-    *) echo "unknown lane $1 (one two hybrid add3)" >&2; exit 2 ;;
+    add3_113) for c in $(pick ln_post fb_post); do echo 2 "$c" add3 113; done ;;
+    *) echo "unknown lane $1 (one two hybrid add3 add3_113)" >&2; exit 2 ;;
     esac
 }
 for lane in "${lanes[@]}"; do lane_runs "$lane" > /dev/null || exit 2; done
+if [[ " ${lanes[*]} " == *" add3_113 "* && "${DEVICE:-}" != cuda ]]; then
+    echo "lane add3_113 trains on 432,869 inputs per epoch: run it on a GPU with DEVICE=cuda (days per run on a CPU)" >&2
+    exit 2
+fi
 if [ -n "${DEVICE:-}" ]; then
     for lane in "${lanes[@]}"; do
-        while read -r layers c task p; do sweep "$layers" "$c" "$task" "$p"; done < <(lane_runs "$lane")
+        while read -r layers c task p; do
+            if [ "$lane" = add3_113 ]; then  # singles (memory, above), each configuration's seeds in turn
+                (for s in $SEEDS; do run "$layers" "$c" "$s" "$task" "$p"; done; exit $status) &
+            else sweep "$layers" "$c" "$task" "$p"; fi
+        done < <(lane_runs "$lane")
     done
     while true; do wait -n; rc=$?; [ $rc = 127 ] && break; [ $rc = 0 ] || status=1; done
     collect
