@@ -52,3 +52,16 @@ def test_the_committed_depth_table_is_what_the_records_give(monkeypatch):
     text = (ROOT / "docs" / "depth.md").read_text()
     refreshed, count = embed.embed(text)
     assert count == 2 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/depth.md
+
+
+def test_the_three_operand_z113_lane_is_refused_without_a_gpu():
+    """run_cpu.sh's add3_113 lane (432,869 training inputs) runs only with DEVICE=cuda: elsewhere one line, exit 2,
+    before anything trains; an unknown lane likewise."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "ALLOW_DIRTY": "1", "RUNS": "/nonexistent/runs"}
+    for args, needle in ((["add3_113"], "run it on a GPU with DEVICE=cuda"), (["add4"], "unknown lane add4")):
+        done = subprocess.run(["bash", "analyses/depth/run_cpu.sh", *args], cwd=ROOT, env={**env, "DEVICE": "cpu"},
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
