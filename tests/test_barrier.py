@@ -118,11 +118,12 @@ def test_fork_barriers_sets_each_change_against_the_control_within_seeds():
     table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(table)
 
-    def row(change, seed, barrier, acc=1.0):
-        return dict(change=change, seed=seed, barrier_test=barrier, parent_test_acc=acc, arm_test_acc=1.0)
+    def row(change, seed, barrier, acc=1.0, parent="ln"):
+        return dict(parent=parent, change=change, seed=seed, barrier_test=barrier, parent_test_acc=acc, arm_test_acc=1.0)
 
     rows = [r for s in (1, 2, 3) for r in (row("control", s, 1.0), row("wd 3", s, 2.0 + s), row("wd 0.3", s, 3.0 + s))]
     rows.append(row("wd 3", 1, 0.1, acc=0.4))  # the parent still on its plateau: not compared
+    rows.append(row("wd 0.99", 1, 0.0, parent="sphere"))  # another parent configuration: not compared
     pooled, *each = table.against_control(rows, "control")
     assert pooled.startswith("every change: test barrier median 4.5 (6 arms) against the control's 1 (3)")
     assert pooled.endswith(f"p = {1 / 27:.3g} (stratified exact Mann-Whitney, one-sided)")

@@ -54,13 +54,14 @@ def rows_of(root: Path) -> tuple[list[dict], list[str]]:
 
 
 def against_control(rows: list[dict], control: str) -> list[str]:
-    """One line per change (and one for all changes pooled): its test barriers' median and count against the
-    control's, where both runs had generalised, and the within-seed one-sided p-value that the control's are smaller."""
+    """One line per change of the control's parent configuration (and one for all of them pooled): its test
+    barriers' median and count against the control's, where both runs had generalised, and the within-seed
+    one-sided p-value that the control's are smaller."""
     both = [r for r in rows if min(r["parent_test_acc"], r["arm_test_acc"]) >= GENERALISED]
     ctrl = [r for r in both if r["change"] == control]
     if not ctrl:
         return [f"no arm of the control '{control}' with both runs generalised: nothing to compare"]
-    others = [r for r in both if r["change"] != control]
+    others = [r for r in both if r["change"] != control and r["parent"] in {c["parent"] for c in ctrl}]
     seeds = sorted({r["seed"] for r in both})
     def median(group: list[dict]) -> float:
         return float(np.median([r["barrier_test"] for r in group]))

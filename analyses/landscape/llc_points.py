@@ -1,9 +1,9 @@
 """The LLC at the checkpoints of the llc lane's trajectories where it was estimated at one SGLD setting
 (docs/landscape.md), beside each run's onset.
 
-    python analyses/landscape/llc_points.py PRESET [--draws 20000] [--root results/landscape]   # to stdout
+    python analyses/landscape/llc_points.py PRESET [--draws 20000] [--root results/landscape] [--tables llc]
 
-Reads ROOT/llc/PRESET/seed_N/metrics.csv (`geolens analyze --metrics llc` tables) and the runs' training records
+Reads ROOT/TABLES/PRESET/seed_N/metrics.csv (`geolens analyze --metrics llc` tables) and the runs' training records
 ROOT/records/llc/PRESET/seed_N (their onset: the first evaluated epoch with test accuracy > 0.95). One row per
 checkpoint whose LLC was estimated with `--draws` draws per chain: the seed, the onset, the epoch and its distance
 to the onset, the LLC with its standard deviation over chains, whether the chains were stable (llc.judge), the
@@ -33,10 +33,10 @@ def checkpoint_values(path: Path) -> dict[int, dict[str, float]]:
     return values
 
 
-def table(root: Path, preset: str, draws: int) -> str:
+def table(root: Path, preset: str, draws: int, tables: str = "llc") -> str:
     lines = ["| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | sharpness | train loss "
              "| test acc |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for folder in sorted((root / "llc" / preset).glob("seed_*"), key=lambda p: int(p.name.split("_")[1])):
+    for folder in sorted((root / tables / preset).glob("seed_*"), key=lambda p: int(p.name.split("_")[1])):
         onset = RULE.onset(load_run(root / "records" / "llc" / preset / folder.name).metrics)
         for epoch, v in sorted(checkpoint_values(folder / "metrics.csv").items()):
             if v.get("llc_setting_draws") != draws:
@@ -54,8 +54,9 @@ def main(argv=None) -> None:
     ap.add_argument("preset")
     ap.add_argument("--draws", type=int, default=20000, help="draws per chain of the estimates to show")
     ap.add_argument("--root", type=Path, default=Path("results/landscape"))
+    ap.add_argument("--tables", default="llc", help="folder under ROOT holding PRESET/seed_N/metrics.csv")
     args = ap.parse_args(argv)
-    sys.stdout.write(table(args.root, args.preset, args.draws))
+    sys.stdout.write(table(args.root, args.preset, args.draws, args.tables))
 
 
 if __name__ == "__main__":
