@@ -1,13 +1,15 @@
 """The LLC at the checkpoints of the llc lane's trajectories where it was estimated at one SGLD setting
-(docs/landscape.md), beside each run's onset.
+(docs/landscape.md), beside each run's onset, and two presets' estimates against each other.
 
-    python analyses/landscape/llc_points.py PRESET [--draws 20000] [--root results/landscape] [--tables llc]
+    python analyses/landscape/llc_points.py FOLDER [--against FOLDER_B] [--draws 20000]   # to stdout
 
-Reads ROOT/TABLES/PRESET/seed_N/metrics.csv (`geolens analyze --metrics llc` tables) and the runs' training records
-ROOT/records/llc/PRESET/seed_N (their onset: the first evaluated epoch with test accuracy > 0.95). One row per
-checkpoint whose LLC was estimated with `--draws` draws per chain: the seed, the onset, the epoch and its distance
-to the onset, the LLC with its standard deviation over chains, whether the chains were stable (llc.judge), the
-sharpness, and the training loss and test accuracy there.
+FOLDER holds seed_N/metrics.csv (`geolens analyze --metrics llc` tables) of one preset's runs, whose training
+records are results/landscape/records/llc/PRESET/seed_N (PRESET: FOLDER's name; their onset: the first evaluated
+epoch with test accuracy > 0.95). One row per checkpoint whose LLC was estimated with `--draws` draws per chain:
+the seed, the onset, the epoch and its distance to the onset, the LLC with its standard deviation over chains,
+whether the chains were stable (llc.judge), the sharpness, and the training loss and test accuracy there.
+--against adds, for each run's largest estimate and its estimate at its last checkpoint, the exact one-sided
+Mann-Whitney test (scipy.stats, significance.earlier_onsets) that FOLDER_B's runs have the smaller LLC.
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
+from geolens.analysis.significance import earlier_onsets, fmt_p
 from geolens.outputs.tables import Rule
 from geolens.runs.run import load_run
 
 RULE = Rule()  # test accuracy > 0.95
+RECORDS = Path("results/landscape/records/llc")
 
 
 def checkpoint_values(path: Path) -> dict[int, dict[str, float]]:
@@ -33,30 +39,55 @@ def checkpoint_values(path: Path) -> dict[int, dict[str, float]]:
     return values
 
 
-def table(root: Path, preset: str, draws: int, tables: str = "llc") -> str:
-    lines = ["| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | sharpness | train loss "
-             "| test acc |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for folder in sorted((root / tables / preset).glob("seed_*"), key=lambda p: int(p.name.split("_")[1])):
-        onset = RULE.onset(load_run(root / "records" / "llc" / preset / folder.name).metrics)
-        for epoch, v in sorted(checkpoint_values(folder / "metrics.csv").items()):
-            if v.get("llc_setting_draws") != draws:
-                continue
+def estimates(folder: Path, draws: int, records: Path = RECORDS) -> dict[int, tuple[int | None, dict]]:
+    """{seed: (onset, {epoch: values})} of the checkpoints under folder whose LLC has `draws` draws per chain."""
+    out = {}
+    for run in sorted(folder.glob("seed_*"), key=lambda p: int(p.name.split("_")[1])):
+        onset = RULE.onset(load_run(records / folder.name / run.name).metrics)
+        points = {e: v for e, v in checkpoint_values(run / "metrics.csv").items() if v.get("llc_setting_draws") == draws}
+        out[int(run.name.split("_")[1])] = (onset, points)
+    return out
+
+
+def table(folder: Path, draws: int, records: Path = RECORDS) -> str:
+    lines = ["| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | sharpness | train loss | test acc |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for seed, (onset, points) in estimates(folder, draws, records).items():
+        for epoch, v in sorted(points.items()):
             stable = {1.0: "yes", 0.0: "no"}.get(v.get("llc_stable"), "-")
             to_onset = "-" if onset is None else f"{epoch - onset:+,}"
-            lines.append(f"| {folder.name.split('_')[1]} | {onset if onset is None else f'{onset:,}'} | {epoch:,} | "
-                         f"{to_onset} | {v['llc']:.4g} ± {v['llc_std']:.2g} | {stable} | {v.get('sharpness', float('nan')):.4g} | "
+            lines.append(f"| {seed} | {'-' if onset is None else f'{onset:,}'} | {epoch:,} | {to_onset} | "
+                         f"{v['llc']:.4g} ± {v['llc_std']:.2g} | {stable} | {v.get('sharpness', float('nan')):.4g} | "
                          f"{v['loss_train']:.4g} | {v['acc_test']:.4g} |")
+    return "\n".join(lines) + "\n"
+
+
+def against(a: Path, b: Path, draws: int, records: Path = RECORDS) -> str:
+    """Two lines: each run's largest LLC estimate, and its estimate at its last estimated checkpoint, of b's runs
+    against a's (medians, and the exact one-sided Mann-Whitney p-value that b's are the smaller)."""
+    runs = {f.name: [points for _, points in estimates(f, draws, records).values() if points] for f in (a, b)}
+    lines = []
+    for what, pick in (("largest estimate of each run", lambda p: max(v["llc"] for v in p.values())),
+                       ("estimate at each run's last estimated checkpoint", lambda p: p[max(p)]["llc"])):
+        va, vb = ([pick(p) for p in runs[f.name]] for f in (a, b))
+        if not (va and vb):
+            lines.append(f"- {what}: no estimates at {draws} draws for {a.name if not va else b.name}")
+            continue
+        lines.append(f"- {what}: {b.name} median {np.median(vb):.4g} ({len(vb)} runs) against {a.name} "
+                     f"{np.median(va):.4g} ({len(va)}); {b.name} smaller: p = {fmt_p(earlier_onsets(vb, va))} "
+                     "(exact Mann-Whitney, one-sided)")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("preset")
+    ap.add_argument("folder", type=Path, help="folder of seed_N/metrics.csv of one preset's runs")
+    ap.add_argument("--against", type=Path, help="another preset's folder: test its LLC against FOLDER's")
     ap.add_argument("--draws", type=int, default=20000, help="draws per chain of the estimates to show")
-    ap.add_argument("--root", type=Path, default=Path("results/landscape"))
-    ap.add_argument("--tables", default="llc", help="folder under ROOT holding PRESET/seed_N/metrics.csv")
     args = ap.parse_args(argv)
-    sys.stdout.write(table(args.root, args.preset, args.draws, args.tables))
+    sys.stdout.write(table(args.folder, args.draws))
+    if args.against:
+        sys.stdout.write("\n" + against(args.folder, args.against, args.draws))
 
 
 if __name__ == "__main__":
