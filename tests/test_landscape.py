@@ -51,9 +51,9 @@ def test_sharpness_is_opt_in():
     assert rows["sharpness"]["sharpness"] == pytest.approx(sharpness(model, *data.train)["sharpness"])
 
 
-def test_the_committed_landscape_tables_are_what_their_records_give():
+def test_the_committed_landscape_tables_are_what_their_records_give(monkeypatch):
     """docs/landscape.md shows results/landscape's tables; each trajectory table is its metrics.csv, the common-setting
-    LLC table is its calibrations'."""
+    LLC table is its calibrations', the LLC-points tables their analyses' tables and records."""
     import importlib.util
     from pathlib import Path
 
@@ -69,8 +69,12 @@ def test_the_committed_landscape_tables_are_what_their_records_give():
     for name in ("fb_seed1", "ln_seed1", "llc/fb/seed_1", "llc/fb/seed_2", "llc/fb/seed_3", "llc/ln/seed_1", "llc/ln/seed_2", "llc/ln/seed_3"):
         folder = root / "results" / "landscape" / name
         assert traj.table(str(folder / "metrics.csv")) == (folder / "trajectory.md").read_text(), name
+    points = load(root / "analyses" / "landscape" / "llc_points.py")
+    monkeypatch.chdir(root)  # llc_points reads the runs' records from results/landscape/records/llc
+    llc = Path("results") / "landscape" / "llc"
+    assert points.report(llc / "ln", 20000) == (llc / "ln_llc_points.md").read_text()
     common = root / "results" / "landscape" / "llc_common"
     assert load(root / "analyses" / "landscape" / "llc_common_table.py").table(common) == (common / "llc_common.md").read_text()
     text = (root / "docs" / "landscape.md").read_text()
     refreshed, count = load(root / "analyses" / "reproduction" / "embed_tables.py").embed(text)
-    assert count == 9 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md
+    assert count == 10 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md

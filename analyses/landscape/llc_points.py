@@ -8,6 +8,7 @@ records are results/landscape/records/llc/PRESET/seed_N (PRESET: FOLDER's name; 
 epoch with test accuracy > 0.95). One row per checkpoint whose LLC was estimated with `--draws` draws per chain:
 the seed, the onset, the epoch and its distance to the onset, the LLC with its standard deviation over chains,
 whether the chains were stable (llc.judge), the sharpness, and the training loss and test accuracy there.
+When every run has the same number of estimates, successive ones are compared across runs (paired by seed).
 --against adds, for each run's largest estimate and its estimate at its last checkpoint, the exact one-sided
 Mann-Whitney test (scipy.stats, significance.earlier_onsets) that FOLDER_B's runs have the smaller LLC.
 """
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from geolens.analysis.significance import earlier_onsets, fmt_p
+from geolens.analysis.significance import earlier_onsets, fmt_p, wilcoxon_less
 from geolens.outputs.tables import Rule
 from geolens.runs.run import load_run
 
@@ -62,6 +63,27 @@ def table(folder: Path, draws: int, records: Path = RECORDS) -> str:
     return "\n".join(lines) + "\n"
 
 
+def along(folder: Path, draws: int, records: Path = RECORDS) -> str:
+    """One line per pair of successive estimated checkpoints (the k-th and k+1-th of every run, paired by seed):
+    in how many runs the LLC rose, and the exact one-sided Wilcoxon signed-rank p-value (significance.wilcoxon_less)
+    of the direction most runs took. Empty unless every run has the same number (>= 2) of estimates."""
+    runs = [points for _, points in estimates(folder, draws, records).values()]
+    counts = {len(p) for p in runs}
+    if len(counts) != 1 or counts.pop() < 2:
+        return ""
+    series = [[p[e]["llc"] for e in sorted(p)] for p in runs]
+    lines = []
+    for k in range(len(series[0]) - 1):
+        before, after = [s[k] for s in series], [s[k + 1] for s in series]
+        rose = sum(b > a for a, b in zip(before, after))
+        up = rose * 2 >= len(series)
+        p = wilcoxon_less(before, after) if up else wilcoxon_less(after, before)
+        lines.append(f"- estimate {k + 1} -> {k + 2} of each run: {'rose' if up else 'fell'} in "
+                     f"{rose if up else len(series) - rose} of {len(series)} runs; p = {fmt_p(p)} (exact Wilcoxon "
+                     "signed-rank, one-sided, paired by seed)")
+    return "\n".join(lines) + "\n"
+
+
 def against(a: Path, b: Path, draws: int, records: Path = RECORDS) -> str:
     """Two lines: each run's largest LLC estimate, and its estimate at its last estimated checkpoint, of b's runs
     against a's (medians, and the exact one-sided Mann-Whitney p-value that b's are the smaller)."""
@@ -79,16 +101,24 @@ def against(a: Path, b: Path, draws: int, records: Path = RECORDS) -> str:
     return "\n".join(lines) + "\n"
 
 
+def report(folder: Path, draws: int, other: Path | None = None, records: Path = RECORDS) -> str:
+    """What the command prints: the table, the successive estimates' test, and the test against `other`."""
+    text = table(folder, draws, records)
+    steps = along(folder, draws, records)
+    if steps:
+        text += "\n" + steps
+    if other is not None:
+        text += "\n" + against(folder, other, draws, records)
+    return text
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", type=Path, help="folder of seed_N/metrics.csv of one preset's runs")
     ap.add_argument("--against", type=Path, help="another preset's folder: test its LLC against FOLDER's")
     ap.add_argument("--draws", type=int, default=20000, help="draws per chain of the estimates to show")
     args = ap.parse_args(argv)
-    sys.stdout.write(table(args.folder, args.draws))
-    if args.against:
-        sys.stdout.write("\n" + against(args.folder, args.against, args.draws))
-
+    sys.stdout.write(report(args.folder, args.draws, args.against))
 
 if __name__ == "__main__":
     main()
