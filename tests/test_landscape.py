@@ -72,9 +72,11 @@ def test_the_committed_landscape_tables_are_what_their_records_give(monkeypatch)
     points = load(root / "analyses" / "landscape" / "llc_points.py")
     monkeypatch.chdir(root)  # llc_points reads the runs' records from results/landscape/records/llc
     llc = Path("results") / "landscape" / "llc"
-    assert points.report(llc / "ln", 20000) == (llc / "ln_llc_points.md").read_text()
+    fb = Path("results") / "landscape" / "llc_common_setting"
+    assert points.report(llc / "ln", 20000, fb / "fb") == (llc / "ln_llc_points.md").read_text()
+    assert points.report(fb / "fb", 20000) == (fb / "fb_llc_points.md").read_text()
     common = root / "results" / "landscape" / "llc_common"
     assert load(root / "analyses" / "landscape" / "llc_common_table.py").table(common) == (common / "llc_common.md").read_text()
     text = (root / "docs" / "landscape.md").read_text()
     refreshed, count = load(root / "analyses" / "reproduction" / "embed_tables.py").embed(text)
-    assert count == 10 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md
+    assert count == 11 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md
