@@ -8,9 +8,9 @@ records are results/landscape/records/llc/PRESET/seed_N (PRESET: FOLDER's name; 
 epoch with test accuracy > 0.95). One row per checkpoint whose LLC was estimated with `--draws` draws per chain:
 the seed, the onset, the epoch and its distance to the onset, the LLC with its standard deviation over chains,
 whether the chains were stable (llc.judge), the sharpness, and the training loss and test accuracy there.
-When every run has the same number of estimates, successive ones are compared across runs (paired by seed).
---against adds, for each run's largest estimate and its estimate at its last checkpoint, the exact one-sided
-Mann-Whitney test (scipy.stats, significance.earlier_onsets) that FOLDER_B's runs have the smaller LLC.
+When every run has the same number of estimates, successive ones are compared across runs (paired by seed; pairs
+with an unstable estimate left out). --against adds, for each run's largest and last stable estimates, the exact
+one-sided Mann-Whitney test (scipy.stats, significance.earlier_onsets) that FOLDER_B's runs have the smaller LLC.
 """
 
 from __future__ import annotations
@@ -63,34 +63,40 @@ def table(folder: Path, draws: int, records: Path = RECORDS) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stable(values: dict[str, float]) -> bool:
+    """Whether an estimate's chains were stable (llc.judge); estimates from before llc_stable was recorded count."""
+    return values.get("llc_stable", 1.0) == 1.0
+
+
 def along(folder: Path, draws: int, records: Path = RECORDS) -> str:
-    """One line per pair of successive estimated checkpoints (the k-th and k+1-th of every run, paired by seed):
-    in how many runs the LLC rose, and the exact one-sided Wilcoxon signed-rank p-value (significance.wilcoxon_less)
+    """One line per pair of successive estimated checkpoints (the k-th and k+1-th of every run, paired by seed, where
+    both are stable): in how many runs the LLC rose, and the exact one-sided Wilcoxon signed-rank p-value (significance.wilcoxon_less)
     of the direction most runs took. Empty unless every run has the same number (>= 2) of estimates."""
     runs = [points for _, points in estimates(folder, draws, records).values()]
     counts = {len(p) for p in runs}
     if len(counts) != 1 or counts.pop() < 2:
         return ""
-    series = [[p[e]["llc"] for e in sorted(p)] for p in runs]
+    series = [[p[e] for e in sorted(p)] for p in runs]
     lines = []
     for k in range(len(series[0]) - 1):
-        before, after = [s[k] for s in series], [s[k + 1] for s in series]
-        rose = sum(b > a for a, b in zip(before, after))
-        up = rose * 2 >= len(series)
+        pairs = [(s[k]["llc"], s[k + 1]["llc"]) for s in series if stable(s[k]) and stable(s[k + 1])]
+        before, after = [a for a, _ in pairs], [b for _, b in pairs]
+        rose = sum(b > a for a, b in pairs)
+        up = rose * 2 >= len(pairs)
         p = wilcoxon_less(before, after) if up else wilcoxon_less(after, before)
         lines.append(f"- estimate {k + 1} -> {k + 2} of each run: {'rose' if up else 'fell'} in "
-                     f"{rose if up else len(series) - rose} of {len(series)} runs; p = {fmt_p(p)} (exact Wilcoxon "
-                     "signed-rank, one-sided, paired by seed)")
+                     f"{rose if up else len(pairs) - rose} of {len(pairs)} runs with both stable; p = {fmt_p(p)} "
+                     "(exact Wilcoxon signed-rank, one-sided, paired by seed)")
     return "\n".join(lines) + "\n"
 
 
 def against(a: Path, b: Path, draws: int, records: Path = RECORDS) -> str:
-    """Two lines: each run's largest LLC estimate, and its estimate at its last estimated checkpoint, of b's runs
-    against a's (medians, and the exact one-sided Mann-Whitney p-value that b's are the smaller)."""
-    runs = {f.name: [points for _, points in estimates(f, draws, records).values() if points] for f in (a, b)}
+    """Two lines: each run's largest stable LLC estimate, and its last stable one, of b's runs against a's (medians, and the exact one-sided Mann-Whitney p-value that b's are the smaller)."""
+    runs = {f.name: [kept for _, points in estimates(f, draws, records).values()
+                     if (kept := {e: v for e, v in points.items() if stable(v)})] for f in (a, b)}
     lines = []
-    for what, pick in (("largest estimate of each run", lambda p: max(v["llc"] for v in p.values())),
-                       ("estimate at each run's last estimated checkpoint", lambda p: p[max(p)]["llc"])):
+    for what, pick in (("largest stable estimate of each run", lambda p: max(v["llc"] for v in p.values())),
+                       ("last stable estimate of each run", lambda p: p[max(p)]["llc"])):
         va, vb = ([pick(p) for p in runs[f.name]] for f in (a, b))
         if not (va and vb):
             lines.append(f"- {what}: no estimates at {draws} draws for {a.name if not va else b.name}")
