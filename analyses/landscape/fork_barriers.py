@@ -63,6 +63,7 @@ def against_control(rows: list[dict], control: str) -> list[str]:
         return [f"no arm of the control '{control}' with both runs generalised: nothing to compare"]
     others = [r for r in both if r["change"] != control and r["parent"] in {c["parent"] for c in ctrl}]
     seeds = sorted({r["seed"] for r in both})
+
     def median(group: list[dict]) -> float:
         return float(np.median([r["barrier_test"] for r in group]))
 

@@ -16,14 +16,13 @@ one-sided Mann-Whitney test (scipy.stats, significance.earlier_onsets) that FOLD
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from geolens.analysis.significance import earlier_onsets, fmt_p, wilcoxon_less
+from geolens.analysis.trajectory import read_table
 from geolens.outputs.tables import Rule
 from geolens.runs.run import load_run
 
@@ -31,36 +30,17 @@ RULE = Rule()  # test accuracy > 0.95
 RECORDS = Path("results/landscape/records/llc")
 
 
-def checkpoint_values(path: Path) -> dict[int, dict[str, float]]:
-    """{epoch: {name: value}} of one tidy analysis table."""
-    values: dict[int, dict[str, float]] = defaultdict(dict)
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            values[int(row["step"])][row["name"]] = float(row["value"])
-    return values
+Estimates = dict[int, tuple[int | None, dict[int, dict[str, float]]]]  # {seed: (onset, {epoch: values})}
 
 
-def estimates(folder: Path, draws: int, records: Path = RECORDS) -> dict[int, tuple[int | None, dict]]:
-    """{seed: (onset, {epoch: values})} of the checkpoints under folder whose LLC has `draws` draws per chain."""
+def estimates(folder: Path, draws: int, records: Path = RECORDS) -> Estimates:
+    """The checkpoints under folder whose LLC has `draws` draws per chain, with each run's onset."""
     out = {}
     for run in sorted(folder.glob("seed_*"), key=lambda p: int(p.name.split("_")[1])):
         onset = RULE.onset(load_run(records / folder.name / run.name).metrics)
-        points = {e: v for e, v in checkpoint_values(run / "metrics.csv").items() if v.get("llc_setting_draws") == draws}
+        points = {e: v for e, v in read_table(run / "metrics.csv").items() if v.get("llc_setting_draws") == draws}
         out[int(run.name.split("_")[1])] = (onset, points)
     return out
-
-
-def table(folder: Path, draws: int, records: Path = RECORDS) -> str:
-    lines = ["| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | sharpness | train loss | test acc |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for seed, (onset, points) in estimates(folder, draws, records).items():
-        for epoch, v in sorted(points.items()):
-            stable = {1.0: "yes", 0.0: "no"}.get(v.get("llc_stable"), "-")
-            to_onset = "-" if onset is None else f"{epoch - onset:+,}"
-            lines.append(f"| {seed} | {'-' if onset is None else f'{onset:,}'} | {epoch:,} | {to_onset} | "
-                         f"{v['llc']:.4g} ± {v['llc_std']:.2g} | {stable} | {v.get('sharpness', float('nan')):.4g} | "
-                         f"{v['loss_train']:.4g} | {v['acc_test']:.4g} |")
-    return "\n".join(lines) + "\n"
 
 
 def stable(values: dict[str, float]) -> bool:
@@ -68,15 +48,27 @@ def stable(values: dict[str, float]) -> bool:
     return values.get("llc_stable", 1.0) == 1.0
 
 
-def along(folder: Path, draws: int, records: Path = RECORDS) -> str:
-    """One line per pair of successive estimated checkpoints (the k-th and k+1-th of every run, paired by seed, where
-    both are stable): in how many runs the LLC rose, and the exact one-sided Wilcoxon signed-rank p-value (significance.wilcoxon_less)
-    of the direction most runs took. Empty unless every run has the same number (>= 2) of estimates."""
-    runs = [points for _, points in estimates(folder, draws, records).values()]
-    counts = {len(p) for p in runs}
-    if len(counts) != 1 or counts.pop() < 2:
+def table(est: Estimates) -> str:
+    lines = ["| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | sharpness | train loss | test acc |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for seed, (onset, points) in est.items():
+        for epoch, v in sorted(points.items()):
+            ok = "-" if "llc_stable" not in v else ("yes" if stable(v) else "no")
+            to_onset = "-" if onset is None else f"{epoch - onset:+,}"
+            lines.append(f"| {seed} | {'-' if onset is None else f'{onset:,}'} | {epoch:,} | {to_onset} | "
+                         f"{v['llc']:.4g} ± {v['llc_std']:.2g} | {ok} | {v.get('sharpness', float('nan')):.4g} | "
+                         f"{v['loss_train']:.4g} | {v['acc_test']:.4g} |")
+    return "\n".join(lines) + "\n"
+
+
+def along(est: Estimates) -> str:
+    """One line per pair of successive estimated checkpoints (the k-th and k+1-th of every run, paired by seed,
+    where both are stable): in how many runs the LLC rose, and the exact one-sided Wilcoxon signed-rank p-value
+    (significance.wilcoxon_less) of the direction most runs took. Empty unless every run has the same number
+    (>= 2) of estimates."""
+    series = [[points[e] for e in sorted(points)] for _, points in est.values()]
+    if len({len(s) for s in series}) != 1 or len(series[0]) < 2:
         return ""
-    series = [[p[e] for e in sorted(p)] for p in runs]
     lines = []
     for k in range(len(series[0]) - 1):
         pairs = [(s[k]["llc"], s[k + 1]["llc"]) for s in series if stable(s[k]) and stable(s[k + 1])]
@@ -90,31 +82,33 @@ def along(folder: Path, draws: int, records: Path = RECORDS) -> str:
     return "\n".join(lines) + "\n"
 
 
-def against(a: Path, b: Path, draws: int, records: Path = RECORDS) -> str:
-    """Two lines: each run's largest stable LLC estimate, and its last stable one, of b's runs against a's (medians, and the exact one-sided Mann-Whitney p-value that b's are the smaller)."""
-    runs = {f.name: [kept for _, points in estimates(f, draws, records).values()
-                     if (kept := {e: v for e, v in points.items() if stable(v)})] for f in (a, b)}
+def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> str:
+    """Two lines: each run's largest stable LLC estimate, and its last stable one, of b's runs (name, estimates)
+    against a's: medians, and the exact one-sided Mann-Whitney p-value that b's are the smaller."""
+    runs = {name: [kept for _, points in est.values() if (kept := {e: v for e, v in points.items() if stable(v)})]
+            for name, est in (a, b)}
     lines = []
     for what, pick in (("largest stable estimate of each run", lambda p: max(v["llc"] for v in p.values())),
                        ("last stable estimate of each run", lambda p: p[max(p)]["llc"])):
-        va, vb = ([pick(p) for p in runs[f.name]] for f in (a, b))
+        va, vb = ([pick(p) for p in runs[name]] for name, _ in (a, b))
         if not (va and vb):
-            lines.append(f"- {what}: no estimates at {draws} draws for {a.name if not va else b.name}")
+            lines.append(f"- {what}: no estimates at {draws} draws for {a[0] if not va else b[0]}")
             continue
-        lines.append(f"- {what}: {b.name} median {np.median(vb):.4g} ({len(vb)} runs) against {a.name} "
-                     f"{np.median(va):.4g} ({len(va)}); {b.name} smaller: p = {fmt_p(earlier_onsets(vb, va))} "
+        lines.append(f"- {what}: {b[0]} median {np.median(vb):.4g} ({len(vb)} runs) against {a[0]} "
+                     f"{np.median(va):.4g} ({len(va)}); {b[0]} smaller: p = {fmt_p(earlier_onsets(vb, va))} "
                      "(exact Mann-Whitney, one-sided)")
     return "\n".join(lines) + "\n"
 
 
 def report(folder: Path, draws: int, other: Path | None = None, records: Path = RECORDS) -> str:
     """What the command prints: the table, the successive estimates' test, and the test against `other`."""
-    text = table(folder, draws, records)
-    steps = along(folder, draws, records)
+    est = estimates(folder, draws, records)
+    text = table(est)
+    steps = along(est)
     if steps:
         text += "\n" + steps
     if other is not None:
-        text += "\n" + against(folder, other, draws, records)
+        text += "\n" + against((folder.name, est), (other.name, estimates(other, draws, records)), draws)
     return text
 
 
@@ -125,6 +119,7 @@ def main(argv=None) -> None:
     ap.add_argument("--draws", type=int, default=20000, help="draws per chain of the estimates to show")
     args = ap.parse_args(argv)
     sys.stdout.write(report(args.folder, args.draws, args.against))
+
 
 if __name__ == "__main__":
     main()

@@ -6,9 +6,9 @@ table (analysis/metrics.csv: step, metric, name, value).
 
 from __future__ import annotations
 
-import csv
 import sys
-from collections import defaultdict
+
+from geolens.analysis.trajectory import read_table
 
 COLUMNS = [("llc", "LLC"), ("llc_std", "std"), ("llc_stable", "stable"), ("llc_embed", "embed"), ("llc_attn", "attn"),
            ("llc_mlp", "mlp"), ("llc_unembed", "unembed"), ("sharpness", "sharpness"), ("loss_train", "train loss"),
@@ -23,10 +23,7 @@ def cell(name: str, v: dict[str, float]) -> str:
 
 
 def table(path: str) -> str:
-    values: dict[int, dict[str, float]] = defaultdict(dict)
-    with open(path) as f:
-        for row in csv.DictReader(f):
-            values[int(row["step"])][row["name"]] = float(row["value"])
+    values = read_table(path)
     lines = ["| epoch | " + " | ".join(label for _, label in COLUMNS) + " |", "| --- " * (len(COLUMNS) + 1) + "|"]
     for step in sorted(values):
         v = values[step]

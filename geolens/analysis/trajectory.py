@@ -359,6 +359,15 @@ def keys_words(traj: Trajectory) -> str:
     return f"keys {', '.join(map(str, traj.keys))} pinned over the run"
 
 
+def read_table(path: Path) -> dict[int, dict[str, float]]:
+    """A tidy table that write_table wrote, as {step: {scalar name: value}}."""
+    values: dict[int, dict[str, float]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            values.setdefault(int(row["step"]), {})[row["name"]] = float(row["value"])
+    return values
+
+
 def write_table(traj: Trajectory, path: Path) -> None:
     """The tidy table: one row per (step, metric, scalar name)."""
     buf = io.StringIO()
