@@ -229,3 +229,16 @@ def test_checkpoints_added_by_training_during_an_analysis_are_left_for_the_next(
     traj = analyze_run(load_run(run_dir), ["loss"], progress=False, workers=1, out=tmp_path / "a")
     # the steps the analysis chose when it began, computed; the later ones are left for the next call
     assert 2 <= len(traj.steps) < len(full) and traj.steps == full[: len(traj.steps)]
+
+
+def test_read_table_gives_back_the_scalars_write_table_wrote(run_dir):
+    """geolens.analysis.trajectory.read_table (what the landscape scripts read metrics.csv with): {step: {name:
+    value}} equal to the trajectory's own scalars, NaN included."""
+    from geolens.analysis.trajectory import read_table as read_tidy
+
+    traj = analyze_run(load_run(run_dir), progress=False)
+    values = read_tidy(run_dir / "analysis" / "metrics.csv")
+    assert sorted(values) == traj.steps
+    for step in traj.steps:
+        expected = {name: float(v) for scalars in traj.values[step].values() for name, v in scalars.items()}
+        assert repr(values[step]) == repr(expected)
