@@ -12,7 +12,9 @@ statement of geolens.model.transformer with autograd, doing only the work the tr
   W_pos[j]); pre-norm: W_E[t] + W_pos[j]) are a table of n_ctx * d_vocab rows, and so is its attention:
   the scores of every (query row, key row) pair [n V, n V, H] and the value-output rows A0 W_V[h] W_O[h]
   [n V, H, D], read per example by a gather and an embedding bag (_table_attention): layer 0 does no
-  per-example Q, K, V or O matmul.
+  per-example Q, K, V or O matmul. The lookups' indices depend on the tokens alone and are built once per
+  token tensors with their sorted order (geolens.model.lookups), so their backward is an embedding bag over
+  the gradient rows, not torch's per-step sort and single-threaded scatter-add.
 
 Per layer (post-norm; pre-norm as in transformer.py, with ln1 / ln2 before the sublayers and ln_final
 before the readout), M members, B examples, n = n_ctx positions, nq query positions (n, or 1 in the last
@@ -44,6 +46,7 @@ from torch import Tensor
 from geolens.errors import GeoError
 from geolens.model.config import ATTENTIONS, NORMS, PLACEMENTS, TASKS, UNEMBEDS, GeoConfig
 from geolens.model.fast import _mm
+from geolens.model.lookups import BagLookup, RowLookup, bag_rows, cached_plan, gather_rows
 from geolens.model.readout import bounded_readout
 
 __all__ = ["deep_unsupported_reason", "deep_logits", "stacked_deep_logits", "deep_eq_values", "deep_flops", "full_flops"]
@@ -179,55 +182,75 @@ def _causal_mask(n: int, nq: int, device) -> Tensor:
     return torch.arange(n, device=device)[None, :] > torch.arange(n - nq, n, device=device)[:, None]
 
 
-def _table_attention(cfg: GeoConfig, P: dict[str, Tensor], A0: Float[Tensor, "M nV D"], rows: Int[Tensor, "M B n"],
+class _Lookups:
+    """The members' token-dependent indices (tokens [M, B, n]; member-local table rows j * V + t, member m's rows
+    of a stacked table after those of the members before it): `stream` the stream rows of every position
+    [M, B, n] (tables of M n V rows); learned attention: `scores` the (query row, key row) pairs of the nq0
+    queries [M, B, nq0, n] (M nq0 V n V rows of H scores) and `bag` each query's n H value-output rows
+    [M B nq0, n H] (M n V H rows)."""
+
+    def __init__(self, cfg: GeoConfig, tokens: list[Tensor], nq: int):
+        tok = torch.stack(tokens)  # [M, B, n]
+        M, B, n = tok.shape
+        V, H, dev = cfg.d_vocab, cfg.n_heads, tok.device
+        nV = n * V
+        members = torch.arange(M, device=dev)[:, None, None]
+        rows = tok + torch.arange(n, device=dev) * V  # [M, B, n] member-local
+        self.stream = RowLookup(rows + members * nV, M * nV)
+        if cfg.attention != "uniform":
+            q_local = rows[:, :, n - nq :] - (n - nq) * V  # [M, B, nq]
+            pairs = q_local[..., None] * nV + rows[:, :, None, :] + (members * nq * V * nV)[..., None]
+            self.scores = RowLookup(pairs, M * nq * V * nV)
+            heads = torch.arange(H, device=dev)
+            bag = ((rows + members * nV)[:, :, None, :, None] * H + heads).expand(M, B, nq, n, H)
+            self.bag = BagLookup(bag.reshape(M * B * nq, n * H), M * nV * H)
+
+
+def _table_attention(cfg: GeoConfig, P: dict[str, Tensor], A0: Float[Tensor, "M nV D"], lk: _Lookups, B: int,
                      nq: int, keep: dict | None) -> Float[Tensor, "M B nq D"]:
-    """Layer 0's attention output at the last nq positions from per-row tables (rows: member-local table rows
-    j * V + t of each example's tokens; A0 the attention input of every row):
+    """Layer 0's attention output at the last nq positions from per-row tables (A0 the attention input of every
+    row j * V + t; lk the examples' rows):
 
         Sc[r, s, h] = (A0[r] W_Q[h]) . (A0[s] W_K[h]) / sqrt(dh)    [M, nq V, n V, H]   score of query row r, key row s
         VO[s, h]    = A0[s] W_V[h] W_O[h]                           [M, n V, H, D]
         out[b, i]   = sum_{j, h} softmax_j(Sc[row_i, row_j, h]) VO[row_j, h]   (an embedding bag over VO)
 
     Uniform attention: out[b, i] = sum_j w_ij sum_h VO[row_j, h] with the constant pattern w (W_Q, W_K unused)."""
-    M, B, n = rows.shape
-    V, H, dh, D = cfg.d_vocab, cfg.n_heads, cfg.d_head, cfg.d_model
-    nV = n * V
+    M, nV, D = A0.shape
+    n, V, H, dh = nV // cfg.d_vocab, cfg.d_vocab, cfg.n_heads, cfg.d_head
     VO = torch.matmul(torch.einsum("mrd,mhde->mhre", A0, P["blocks.0.attn.W_V"]), P["blocks.0.attn.W_O"])  # [M, H, nV, D]
-    mask = _causal_mask(n, nq, rows.device) if cfg.causal else None
-    offsets = (torch.arange(M, device=rows.device) * nV)[:, None, None]
+    mask = _causal_mask(n, nq, A0.device) if cfg.causal else None
     if cfg.attention == "uniform":
         w = torch.zeros(nq, n, dtype=A0.dtype, device=A0.device)
         w = (w if mask is None else w.masked_fill(mask, float("-inf"))).softmax(-1)  # [nq, n]
         if keep is not None:
             keep["blocks.0.attn.hook_pattern"] = w[-1][None, None, :, None].expand(M, B, n, H)
-        rows_v = F.embedding(rows + offsets, VO.sum(1).reshape(M * nV, D))  # [M, B, n, D]
+        rows_v = gather_rows(VO.sum(1).reshape(M * nV, D), lk.stream)  # [M, B, n, D]
         return torch.einsum("ij,mbjd->mbid", w, rows_v)
     q_rows = A0[:, (n - nq) * V :]  # the query positions' rows
     Qt = torch.einsum("mrd,mhde->mhre", q_rows, P["blocks.0.attn.W_Q"])
     Kt = torch.einsum("mrd,mhde->mhre", A0, P["blocks.0.attn.W_K"])
     Sc = (torch.matmul(Qt, Kt.transpose(-1, -2)) * (1.0 / math.sqrt(dh))).permute(0, 2, 3, 1)  # [M, nqV, nV, H]
-    q_local = rows[:, :, n - nq :] - (n - nq) * V  # [M, B, nq]
-    idx = (q_local[..., None] * nV + rows[:, :, None, :]) + (torch.arange(M, device=rows.device) * nq * V * nV)[:, None, None, None]
-    scores = F.embedding(idx, Sc.reshape(M * nq * V * nV, H))  # [M, B, nq, n, H]
+    scores = gather_rows(Sc.reshape(M * nq * V * nV, H), lk.scores)  # [M, B, nq, n, H]
     if mask is not None:
         scores = scores.masked_fill(mask[:, :, None], float("-inf"))
     pattern = scores.softmax(3)
     if keep is not None:
         keep["blocks.0.attn.hook_pattern"] = pattern[:, :, -1]
-    heads = torch.arange(H, device=rows.device)
-    bag = ((rows + offsets)[:, :, None, :, None] * H + heads).expand(M, B, nq, n, H).reshape(M * B * nq, n * H)
-    out = F.embedding_bag(bag, VO.transpose(1, 2).reshape(M * nV * H, D), per_sample_weights=pattern.reshape(-1, n * H),
-                          mode="sum")
+    out = bag_rows(VO.transpose(1, 2).reshape(M * nV * H, D), pattern.reshape(-1, n * H), lk.bag)
     return out.view(M, B, nq, D)
 
 
-def _forward(cfg: GeoConfig, P: dict[str, Tensor], tokens: Int[Tensor, "M B n"], tau: float,
+def _forward(cfg: GeoConfig, P: dict[str, Tensor], tokens: list[Int[Tensor, "B n"]], tau: float,
              keep: dict | None = None) -> Float[Tensor, "M B C"]:
-    """Logits at `=` of the stacked parameters P {name: [M, *shape]} (module docstring). keep: a dict that
+    """Logits at `=` of the stacked parameters P {name: [M, *shape]}, member m on tokens[m] (module docstring;
+    the token-dependent indices built once per token tensors, lookups.cached_plan). keep: a dict that
     receives values at `=` by hook name (blocks.L.mlp.hook_post, hook_resid_post, attn.hook_pattern
     [M, B, n, H] over the keys, and for layers after the first attn.hook_attn_scores [M, B, H, n])."""
-    M, B, n = tokens.shape
+    M, (B, n) = len(tokens), tokens[0].shape
     V, D, H, dh, L = cfg.d_vocab, cfg.d_model, cfg.n_heads, cfg.d_head, cfg.n_layers
+    nq0 = 1 if L == 1 else n
+    lk = cached_plan(tokens, ("deep", V, H, cfg.attention, nq0), lambda: _Lookups(cfg, tokens, nq0))
     kinds, names = cfg.layer_norms, _Names(cfg)
     uniform = cfg.attention == "uniform"
     HD = H * dh
@@ -251,11 +274,8 @@ def _forward(cfg: GeoConfig, P: dict[str, Tensor], tokens: Int[Tensor, "M B n"],
     X0 = (P["embed.W_E"][:, None] + P["pos_embed.W_pos"][:, :n, None]).reshape(M, n * V, D)
     A0 = norm(names.first, kinds[0], X0)  # layer 0's attention input
     S0 = X0 if names.pre else A0  # the stream rows
-    rows = tokens + torch.arange(n, device=tokens.device) * V  # [M, B, n] member-local rows
-    offsets = (torch.arange(M, device=tokens.device) * n * V)[:, None, None]
-    h = F.embedding(rows + offsets, S0.reshape(M * n * V, D))  # [M, B, n, D]
-    nq0 = 1 if L == 1 else n
-    attn0 = _table_attention(cfg, P, A0, rows, nq0, keep)  # [M, B, nq0, D]
+    h = gather_rows(S0.reshape(M * n * V, D), lk.stream)  # [M, B, n, D]
+    attn0 = _table_attention(cfg, P, A0, lk, B, nq0, keep)  # [M, B, nq0, D]
     for layer in range(L):
         last = layer == L - 1
         nq = 1 if last else n
@@ -309,7 +329,7 @@ def stacked_deep_logits(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[
     _check(cfg, tokens)
     if tokens[0].shape[0] == 0:
         return params["unembed.W_U"].new_zeros(len(tokens), 0, cfg.d_vocab_out)
-    return _forward(cfg, params, torch.stack(tokens), cfg.tau if tau is None else tau)
+    return _forward(cfg, params, tokens, cfg.tau if tau is None else tau)
 
 
 def deep_logits(model, tokens: Int[Tensor, "batch n_ctx"]) -> Float[Tensor, "batch d_vocab_out"]:
@@ -324,7 +344,7 @@ def deep_forward_with_values(model, tokens: Int[Tensor, "batch n_ctx"]) -> tuple
     params = {name: p.unsqueeze(0) for name, p in model.named_parameters()}
     _check(model.cfg, [tokens])
     keep: dict[str, Tensor] = {}
-    logits = _forward(model.cfg, params, tokens[None], model.unembed.tau, keep)[0]
+    logits = _forward(model.cfg, params, [tokens], model.unembed.tau, keep)[0]
     return logits, {name: value[0].detach() for name, value in keep.items()}
 
 

@@ -75,7 +75,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +84,7 @@ from torch import Tensor
 
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig
+from geolens.model.lookups import cached_plan, segments
 from geolens.model.readout import bounded_readout
 
 __all__ = ["fast_unsupported_reason", "fast_logits", "stacked_fast_logits", "fast_eq_forward", "FastEq", "fast_flops",
@@ -235,15 +235,7 @@ def _norm_bwd(kind: str, g: Float[Tensor, "M B d"], saved, w: Tensor | None, b: 
     return g, None, None
 
 
-# ---- token-dependent indices (cached per list of tokens tensors) --------------------------------
-def _segments(rows: Tensor, n_rows: int) -> tuple[Tensor, Tensor]:
-    """(order, offsets): the entries of `rows` [N] sorted by row, and where each of the n_rows rows'
-    entries start, so F.embedding_bag(order, values, offsets, mode='sum') sums values [N, k] per row
-    (a deterministic scatter-add, unlike index_add_ on CUDA)."""
-    counts = torch.bincount(rows, minlength=n_rows)
-    return torch.argsort(rows, stable=True), torch.cumsum(counts, 0) - counts
-
-
+# ---- token-dependent indices (cached per list of tokens tensors: lookups.cached_plan) ---------------
 class _Plan:
     """Everything about the members' token tensors (each [B, 3]) that depends only on the tokens.
 
@@ -259,7 +251,7 @@ class _Plan:
     table row; t_offsets [M*n_tab] where each table row's entries start; t_w, t_w2 the entries'
     flat positions in a [M*B, n] and a [M*B, n + 1] weight tensor.
     Learned only: sc_rows [3MB] the score-table rows of each example's keys (a, V + b, 2V; member
-    offset m*(2V + 1)); sc_order, sc_offsets group them per row (_segments).
+    offset m*(2V + 1)); sc_order, sc_offsets group them per row (lookups.segments).
     """
 
     def __init__(self, tokens: list[Tensor], V: int, H: int, uniform: bool):
@@ -280,13 +272,13 @@ class _Plan:
                                torch.full_like(a, 2 * V * H)[..., None]), -1)
             keys = torch.stack((a, b, torch.full_like(a, 2 * V)), -1)  # [M, B, 3] score rows of (a, V + b, =)
             self.sc_rows = (keys + (members * (2 * V + 1))[..., None]).view(-1)
-            self.sc_order, self.sc_offsets = _segments(self.sc_rows, M * (2 * V + 1))
+            self.sc_order, self.sc_offsets = segments(self.sc_rows, M * (2 * V + 1))
         n = local.shape[-1]
         self.idx = (local + (members * self.n_tab)[..., None]).view(M * B, n)
         self._slot_bags = None
         k_rows = (M * self.n_tab + members).expand(M, B)[..., None]
         self.idx2 = torch.cat((self.idx.view(M, B, n), k_rows), -1).view(M * B, n + 1)
-        order, self.t_offsets = _segments(self.idx.view(-1), M * self.n_tab)
+        order, self.t_offsets = segments(self.idx.view(-1), M * self.n_tab)
         self.t_src = torch.div(order, n, rounding_mode="floor")
         self.t_w = order
         self.t_w2 = self.t_src * (n + 1) + order % n
@@ -302,22 +294,9 @@ class _Plan:
             g, table, self.idx.view(-1), *self._slot_bags, 0, -1).view(self.idx.shape)
 
 
-_PLANS: dict[tuple, tuple] = {}
-MAX_PLANS = 16  # a sweep holds one stacked train and one stacked test plan; analysis a few more
-
-
 def _plan(tokens: list[Tensor], V: int, H: int, uniform: bool) -> _Plan:
     """The _Plan of `tokens`, reused while the same tensor objects are passed unmodified."""
-    key = (tuple(id(t) for t in tokens), V, H, uniform)
-    sig = tuple((t._version, tuple(t.shape), t.device) for t in tokens)
-    hit = _PLANS.get(key)
-    if hit is not None and all(r() is t for r, t in zip(hit[0], tokens)) and hit[1] == sig:
-        return hit[2]
-    plan = _Plan(tokens, V, H, uniform)
-    if len(_PLANS) >= MAX_PLANS:
-        _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[key] = ([weakref.ref(t) for t in tokens], sig, plan)
-    return plan
+    return cached_plan(tokens, ("fast", V, H, uniform), lambda: _Plan(tokens, V, H, uniform))
 
 
 # ---- dense per-example matmuls ----------------------------------------------------------------
