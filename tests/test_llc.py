@@ -169,3 +169,17 @@ def test_analyze_takes_llc_settings_keys_the_cache_by_them_and_keeps_them_in_the
                          ("components=mlp+heads", "LLC components 'mlp+heads' names no component 'heads'")):
         r = geolens("analyze", "--run", tmp_path / "r", "--metrics", "llc", "--llc", bad)
         assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_cached_llc_values_are_read_across_settings_and_versions_of_the_same_estimates_only():
+    """A cached llc value counts as the current definition at other SGLD settings and when an earlier version in
+    LLC_SAME_ESTIMATES estimated it (the precursor table and trajectory tables read it); no other version does, and
+    other metrics need their very version."""
+    from geolens.analysis.registry import llc_version, same_definition
+
+    now = llc_version(LLCSettings())
+    assert same_definition("llc", now, now)
+    assert same_definition("llc", llc_version(LLCSettings(lr=1e-7, draws=20000)), now)
+    assert same_definition("llc", "1:lr=1e-05;n_beta=100.0;localization=10000.0;chains=2;draws=100", now)
+    assert not same_definition("llc", "0:lr=1e-05", now) and not same_definition("llc", None, now)
+    assert not same_definition("sharpness", "1", "2") and same_definition("sharpness", "2", "2")

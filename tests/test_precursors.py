@@ -198,3 +198,12 @@ def test_the_llc_joins_the_precursors_where_checkpoints_are_dense_enough(tmp_pat
     monkeypatch.setattr(trajectory, "cached_metrics",
                         lambda r, step, names: {"llc": {"llc": sparse[step]}} if step in sparse else {})
     assert all("llc" not in r for r in prec.series_rows(run)) and prec.run_events(run)["llc"] is None
+    # an estimate judged unstable is left out (here the largest: the peak moves), and so are estimates at a
+    # setting fewer checkpoints share
+    judged = {k: {"llc": v, "llc_stable": 0.0 if k == 30 else 1.0, "llc_setting_lr": 1e-7} for k, v in llc.items()}
+    judged[80]["llc_setting_lr"] = 1e-5
+    monkeypatch.setattr(trajectory, "cached_metrics",
+                        lambda r, step, names: {"llc": judged[step]} if step in judged else {})
+    rows = prec.series_rows(run)
+    assert [int(r["epoch"]) for r in rows if "llc" in r] == [0, 10, 20, 40, 50, 60, 70]
+    assert prec.run_events(run)["llc"] == 40

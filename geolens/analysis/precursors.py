@@ -98,28 +98,34 @@ def _loo(x: list[float], y: list[float]) -> tuple[list[float] | None, list[float
     return fit_err, mean_err
 
 
-#: checkpoint-derived precursors (metric -> value read from `geolens analyze`'s cache) join a run's rows when at
-#: least this many of its checkpoints have them
-CHECKPOINT_PRECURSORS = {"llc": "llc"}
+#: the LLC (`geolens analyze --metrics llc`, a checkpoint-derived precursor) joins a run's rows when at least this
+#: many of its checkpoints have a usable estimate (llc_series)
 MIN_CHECKPOINTS = 5
 
 
-def series_rows(run: Run) -> list[dict[str, float]]:
-    """The run's metrics rows, with the checkpoint-derived precursors (CHECKPOINT_PRECURSORS: the LLC of
-    `geolens analyze --metrics llc`, from the analysis cache, valid for the checkpoint and the metric's
-    version and settings) at the epochs of its checkpoints, when MIN_CHECKPOINTS or more have them."""
+def llc_series(run: Run) -> dict[int, float]:
+    """{epoch: LLC} at the run's checkpoints from the analysis cache (valid for the checkpoint and the metric's
+    version): estimates judged stable or not judged (llc_stable absent: cached before it was recorded), at the one
+    SGLD setting most of them share, since estimates at different settings are not comparable."""
     from geolens.analysis.trajectory import cached_metrics
 
-    rows = run.metrics
-    found: dict[int, dict[str, float]] = {}
+    by_setting: dict[tuple, dict[int, float]] = {}
     for step in run.steps:
-        cached = cached_metrics(run, step, list(CHECKPOINT_PRECURSORS))
-        values = {col: cached[metric][col] for col, metric in CHECKPOINT_PRECURSORS.items() if metric in cached}
-        if values:
-            found[step] = values
+        values = cached_metrics(run, step, ["llc"]).get("llc")
+        if values is None or values.get("llc_stable") == 0:
+            continue
+        setting = tuple(sorted((k, v) for k, v in values.items() if k.startswith("llc_setting_")))
+        by_setting.setdefault(setting, {})[step] = values["llc"]
+    return max(by_setting.values(), key=len, default={})
+
+
+def series_rows(run: Run) -> list[dict[str, float]]:
+    """The run's metrics rows, with the LLC (llc_series) at the epochs of its checkpoints when MIN_CHECKPOINTS or
+    more have it."""
+    found = llc_series(run)
     if len(found) < MIN_CHECKPOINTS:
-        return rows
-    return [{**r, **found.get(int(r["epoch"]), {})} for r in rows]
+        return run.metrics
+    return [{**r, **({"llc": found[int(r["epoch"])]} if int(r["epoch"]) in found else {})} for r in run.metrics]
 
 
 def run_events(run: Run, rows: list[dict[str, float]] | None = None) -> dict[str, int | None]:

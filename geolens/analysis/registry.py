@@ -402,10 +402,17 @@ def metric_versions(llc: LLCSettings = DEFAULT_LLC) -> dict[str, str]:
     return {name: spec.version for name, spec in METRICS.items()} | {"llc": llc_version(llc)}
 
 
+#: llc versions whose values estimate what the current one does, the same way (version 2 added the llc_stable
+#: judgement and the components setting to version 1's estimates): cached values of these are read, and
+#: recomputed only when the llc metric is asked for
+LLC_SAME_ESTIMATES = ("1", "2")
+
+
 def same_definition(name: str, cached: str | None, current: str) -> bool:
     """Whether a cached value of metric `name` (its version `cached`) is of the current definition (`current`):
-    equal versions, except that an llc value estimated with other SGLD settings still is (its llc_setting_*
-    columns say which); only a computation asks for the very settings."""
+    equal versions, except that an llc value estimated with other SGLD settings, or by a version in
+    LLC_SAME_ESTIMATES, still is (its llc_setting_* columns say which settings); only a computation asks for the
+    very version and settings."""
     if name == "llc" and cached is not None:
-        return cached.split(":", 1)[0] == current.split(":", 1)[0]
+        return cached.split(":", 1)[0] in LLC_SAME_ESTIMATES and current.split(":", 1)[0] in LLC_SAME_ESTIMATES
     return cached == current
