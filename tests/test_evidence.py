@@ -11,7 +11,7 @@ from conftest import one_line_error
 
 from geolens.analysis.online_rules import Series, fit_rule, firing_epochs, online_stats
 from geolens.analysis.precursors import lead_stats, with_holm
-from geolens.analysis.significance import earlier_onsets, earlier_within, holm, median_ci, sign_test, spearman_test, wilcoxon_less
+from geolens.analysis.significance import holm, median_ci, sign_test, smaller_than, smaller_within, spearman_test, wilcoxon_less
 from geolens.errors import GeoError
 from geolens.model.config import make_config
 from geolens.runs.forecast import ForecastWatch, ThresholdRule, forecast_for, read_forecasts, write_forecasts
@@ -72,23 +72,23 @@ def test_median_interval_and_sign_test():
 def test_rank_test_of_onsets_with_runs_that_never_grokked():
     """Every onset of a before every onset of b: the exact one-sided p is 1 / C(n_a + n_b, n_a); a run without an
     onset ranks last; reversing the question gives the complement."""
-    assert earlier_onsets([100, 200, 300], [400, 500, 600]) == pytest.approx(1 / 20)
-    assert earlier_onsets([100, 200, 300, 350, 380], [400, 500, 600, 700, 800]) == pytest.approx(1 / 252)
-    assert earlier_onsets([100, 200], [300, None]) == pytest.approx(1 / 6)
-    assert earlier_onsets([None, None, 900], [100, 200, 300]) == pytest.approx(1.0)
-    assert earlier_onsets([400, 500, 600], [100, 200, 300]) == pytest.approx(1.0)
-    assert earlier_onsets([100], [200, 300]) is None
+    assert smaller_than([100, 200, 300], [400, 500, 600]) == pytest.approx(1 / 20)
+    assert smaller_than([100, 200, 300, 350, 380], [400, 500, 600, 700, 800]) == pytest.approx(1 / 252)
+    assert smaller_than([100, 200], [300, None]) == pytest.approx(1 / 6)
+    assert smaller_than([None, None, 900], [100, 200, 300]) == pytest.approx(1.0)
+    assert smaller_than([400, 500, 600], [100, 200, 300]) == pytest.approx(1.0)
+    assert smaller_than([100], [200, 300]) is None
 
 
 def test_stratified_rank_test_of_onsets():
     """One stratum is the exact Mann-Whitney test; perfectly separated strata multiply their exact p-values (1/20
     for 3 vs 3, 1/3 for 1 vs 2); strata with runs on one side only are left out; a run without an onset ranks last."""
     for a, b in (([100, 200, 300], [400, 500, 600]), ([100, 700], [300, 500, None]), ([100, 200], [300, None])):
-        assert earlier_within([(a, b)]) == pytest.approx(earlier_onsets(a, b))
-    assert earlier_within([([1, 2, 3], [4, 5, 6]), ([10], [20, 30]), ([5], [])]) == pytest.approx(1 / 60)
-    assert earlier_within([([4, 5, 6], [1, 2, 3]), ([30], [10, 20])]) == pytest.approx(1.0)
-    assert earlier_within([([None], [10, 20])]) == pytest.approx(1.0)
-    assert earlier_within([([1], [])]) is None
+        assert smaller_within([(a, b)]) == pytest.approx(smaller_than(a, b))
+    assert smaller_within([([1, 2, 3], [4, 5, 6]), ([10], [20, 30]), ([5], [])]) == pytest.approx(1 / 60)
+    assert smaller_within([([4, 5, 6], [1, 2, 3]), ([30], [10, 20])]) == pytest.approx(1.0)
+    assert smaller_within([([None], [10, 20])]) == pytest.approx(1.0)
+    assert smaller_within([([1], [])]) is None
 
 
 def _ramp(onset: int, start: int = 0, end: int = 12000, rise: int = 1000, noise: float = 0.0, seed: int = 0) -> Series:

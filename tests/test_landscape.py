@@ -80,3 +80,26 @@ def test_the_committed_landscape_tables_are_what_their_records_give(monkeypatch)
     text = (root / "docs" / "landscape.md").read_text()
     refreshed, count = load(root / "analyses" / "reproduction" / "embed_tables.py").embed(text)
     assert count == 11 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md
+
+
+def test_llc_points_pairs_successive_stable_estimates_by_seed():
+    """llc_points.along pairs each run's k-th and k+1-th stable estimates: an unstable estimate's place goes to the
+    next checkpoint estimated (seed 2's epoch 22 here), and the line names the epochs and the exact p."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "analyses" / "landscape" / "llc_points.py"
+    spec = importlib.util.spec_from_file_location("llc_points", path)
+    points = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(points)
+
+    def est(*values):
+        return {e: {"llc": v, "llc_stable": 0.0 if v < 0 else 1.0} for e, v in values}
+
+    runs = {1: (90, est((10, 1.0), (20, 5.0), (30, 2.0))), 2: (80, est((10, 1.5), (20, -3.0), (22, 6.0), (30, 2.5))),
+            3: (70, est((10, 0.5), (20, 4.0), (30, 1.0)))}
+    lines = points.along(runs).splitlines()
+    assert lines[0].startswith("- stable estimate 1 -> 2 of each run (epochs 10 -> 20-22): rose in 3 of 3 runs; p = 0.125")
+    assert lines[1].startswith("- stable estimate 2 -> 3 of each run (epochs 20-22 -> 30): fell in 3 of 3 runs; p = 0.125")
+    runs[3] = (70, est((10, 0.5), (20, -1.0), (30, 1.0)))  # 2 stable estimates where the others have 3: no pairing
+    assert points.along(runs) == ""

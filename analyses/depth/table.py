@@ -10,7 +10,7 @@ verdicts of docs/depth.md rest on, each a one-sided Mann-Whitney U (scipy.stats.
 per-seed onsets, a seed without an onset ranked after every onset (censored at its budget): does a
 configuration grok earlier than LayerNorm at the same depth and placement, does the post-norm placement grok
 earlier than the same norms as pre-norms, and does depth change a configuration's onset; and whether a GPU's runs
-grok earlier than the CPU's within the configurations trained on both (significance.earlier_within). Provenance notes (runset.found_runs) say which commits trained the records.
+grok earlier than the CPU's within the configurations trained on both (significance.smaller_within). Provenance notes (runset.found_runs) say which commits trained the records.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from geolens.analysis.significance import earlier_onsets, earlier_within, fmt_p
+from geolens.analysis.significance import fmt_p, smaller_than, smaller_within
 from geolens.outputs.paper import paper_tables
 from geolens.outputs.stats import onset_cell
 from geolens.outputs.tables import Rule
@@ -62,15 +62,15 @@ def collect(root: Path) -> tuple[dict[tuple[str, str, int], list[tuple[int | Non
 
 def device_tests(data, devices) -> list[str]:
     """Rows testing whether one device's runs grok earlier than the CPU's, within the configurations trained on both
-    (significance.earlier_within: one stratum per configuration, depth and task)."""
+    (significance.smaller_within: one stratum per configuration, depth and task)."""
     rows = []
     for gpu in sorted({d for ds in devices.values() for d in ds} - {"CPU"}):
         strata = [([o for (o, _), d in zip(data[k], devices[k]) if d == gpu],
                    [o for (o, _), d in zip(data[k], devices[k]) if d == "CPU"])
                   for k in data if {gpu, "CPU"} <= set(devices[k])]
         runs = f"{len(strata)} ({sum(len(a) for a, _ in strata)} vs {sum(len(b) for _, b in strata)} runs)"
-        rows.append(f"| {gpu} runs earlier than CPU runs | {runs} | {fmt_p(earlier_within(strata))} |")
-        rows.append(f"| CPU runs earlier than {gpu} runs | {runs} | {fmt_p(earlier_within([(b, a) for a, b in strata]))} |")
+        rows.append(f"| {gpu} runs earlier than CPU runs | {runs} | {fmt_p(smaller_within(strata))} |")
+        rows.append(f"| CPU runs earlier than {gpu} runs | {runs} | {fmt_p(smaller_within([(b, a) for a, b in strata]))} |")
     return rows
 
 
@@ -79,9 +79,9 @@ def cell(seeds: list[tuple[int | None, int]] | None) -> str:
 
 
 def earlier(a: list[tuple[int | None, int]], b: list[tuple[int | None, int]]) -> str:
-    """One-sided Mann-Whitney U p-value that a's onsets come earlier than b's (significance.earlier_onsets;
+    """One-sided Mann-Whitney U p-value that a's onsets come earlier than b's (significance.smaller_than;
     '-' when either has < 2 seeds)."""
-    return fmt_p(earlier_onsets([o for o, _ in a], [o for o, _ in b]))
+    return fmt_p(smaller_than([o for o, _ in a], [o for o, _ in b]))
 
 
 def paper_cell(key: str) -> str:

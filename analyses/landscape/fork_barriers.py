@@ -10,7 +10,7 @@ both had generalised), the arm's onset shift (first epoch with test accuracy > 0
 train and test barriers. With --control (a change label as the table prints it, e.g. the 1% chaos control
 "schedule weight_decay=1.01@+0:+200"), each other change's test barriers are set against the control's, among
 the pairs where both runs had generalised (test accuracy >= 0.95 at the epoch compared), within seeds (arms of
-one seed share their parent): the stratified exact Mann-Whitney test (significance.earlier_within), one-sided,
+one seed share their parent): the stratified exact Mann-Whitney test (significance.smaller_within), one-sided,
 that the control's barriers are the smaller: the control measures the barrier any negligible perturbation leads to.
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from geolens.analysis.significance import earlier_within, fmt_p
+from geolens.analysis.significance import fmt_p, smaller_within
 from geolens.outputs.figures import barrier_points
 from geolens.outputs.tables import Rule
 from geolens.runs.runset import found_runs
@@ -73,7 +73,7 @@ def against_control(rows: list[dict], control: str) -> list[str]:
         strata = [([r["barrier_test"] for r in ctrl if r["seed"] == s], [r["barrier_test"] for r in arms if r["seed"] == s])
                   for s in seeds]
         lines.append(f"{name}: test barrier median {median(arms):.3g} ({len(arms)} arms) against the control's "
-                     f"{median(ctrl):.3g} ({len(ctrl)}); the control's smaller within seeds: p = {fmt_p(earlier_within(strata))} "
+                     f"{median(ctrl):.3g} ({len(ctrl)}); the control's smaller within seeds: p = {fmt_p(smaller_within(strata))} "
                      "(stratified exact Mann-Whitney, one-sided)")
     return lines
 

@@ -8,9 +8,9 @@ records are results/landscape/records/llc/PRESET/seed_N (PRESET: FOLDER's name; 
 epoch with test accuracy > 0.95). One row per checkpoint whose LLC was estimated with `--draws` draws per chain:
 the seed, the onset, the epoch and its distance to the onset, the LLC with its standard deviation over chains,
 whether the chains were stable (llc.judge), the sharpness, and the training loss and test accuracy there.
-When every run has the same number of estimates, successive ones are compared across runs (paired by seed; pairs
-with an unstable estimate left out). --against adds, for each run's largest and last stable estimates, the exact
-one-sided Mann-Whitney test (scipy.stats, significance.earlier_onsets) that FOLDER_B's runs have the smaller LLC.
+When every run has the same number of stable estimates, successive ones are compared across runs (paired by seed;
+an unstable estimate's place taken by the next checkpoint estimated). --against adds, for each run's largest and last stable estimates, the exact
+one-sided Mann-Whitney test (scipy.stats, significance.smaller_than) that FOLDER_B's runs have the smaller LLC.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from geolens.analysis.significance import earlier_onsets, fmt_p, wilcoxon_less
+from geolens.analysis.llc import stable_word, usable
+from geolens.analysis.significance import fmt_p, smaller_than, wilcoxon_less
 from geolens.analysis.trajectory import read_table
 from geolens.outputs.tables import Rule
 from geolens.runs.run import load_run
@@ -43,49 +44,48 @@ def estimates(folder: Path, draws: int, records: Path = RECORDS) -> Estimates:
     return out
 
 
-def stable(values: dict[str, float]) -> bool:
-    """Whether an estimate's chains were stable (llc.judge); estimates from before llc_stable was recorded count."""
-    return values.get("llc_stable", 1.0) == 1.0
-
-
 def table(est: Estimates) -> str:
     lines = ["| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | sharpness | train loss | test acc |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for seed, (onset, points) in est.items():
         for epoch, v in sorted(points.items()):
-            ok = "-" if "llc_stable" not in v else ("yes" if stable(v) else "no")
             to_onset = "-" if onset is None else f"{epoch - onset:+,}"
             lines.append(f"| {seed} | {'-' if onset is None else f'{onset:,}'} | {epoch:,} | {to_onset} | "
-                         f"{v['llc']:.4g} ± {v['llc_std']:.2g} | {ok} | {v.get('sharpness', float('nan')):.4g} | "
+                         f"{v['llc']:.4g} ± {v['llc_std']:.2g} | {stable_word(v)} | {v.get('sharpness', float('nan')):.4g} | "
                          f"{v['loss_train']:.4g} | {v['acc_test']:.4g} |")
     return "\n".join(lines) + "\n"
 
 
 def along(est: Estimates) -> str:
-    """One line per pair of successive estimated checkpoints (the k-th and k+1-th of every run, paired by seed,
-    where both are stable): in how many runs the LLC rose, and the exact one-sided Wilcoxon signed-rank p-value
-    (significance.wilcoxon_less) of the direction most runs took. Empty unless every run has the same number
-    (>= 2) of estimates."""
-    series = [[points[e] for e in sorted(points)] for _, points in est.values()]
+    """One line per pair of successive stable estimates (the k-th and k+1-th stable estimate of every run, paired
+    by seed; an unstable estimate's place is taken by the next checkpoint estimated): the epochs, in how many runs
+    the LLC rose, and the exact one-sided Wilcoxon signed-rank p-value (significance.wilcoxon_less) of the
+    direction most runs took. Empty unless every run has the same number (>= 2) of stable estimates."""
+    series = [[(e, points[e]) for e in sorted(points) if usable(points[e])] for _, points in est.values()]
     if len({len(s) for s in series}) != 1 or len(series[0]) < 2:
         return ""
+
+    def epochs(k: int) -> str:
+        lo, hi = min(s[k][0] for s in series), max(s[k][0] for s in series)
+        return f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
+
     lines = []
     for k in range(len(series[0]) - 1):
-        pairs = [(s[k]["llc"], s[k + 1]["llc"]) for s in series if stable(s[k]) and stable(s[k + 1])]
+        pairs = [(s[k][1]["llc"], s[k + 1][1]["llc"]) for s in series]
         before, after = [a for a, _ in pairs], [b for _, b in pairs]
         rose = sum(b > a for a, b in pairs)
         up = rose * 2 >= len(pairs)
         p = wilcoxon_less(before, after) if up else wilcoxon_less(after, before)
-        lines.append(f"- estimate {k + 1} -> {k + 2} of each run: {'rose' if up else 'fell'} in "
-                     f"{rose if up else len(pairs) - rose} of {len(pairs)} runs with both stable; p = {fmt_p(p)} "
-                     "(exact Wilcoxon signed-rank, one-sided, paired by seed)")
+        lines.append(f"- stable estimate {k + 1} -> {k + 2} of each run (epochs {epochs(k)} -> {epochs(k + 1)}): "
+                     f"{'rose' if up else 'fell'} in {rose if up else len(pairs) - rose} of {len(pairs)} runs; "
+                     f"p = {fmt_p(p)} (exact Wilcoxon signed-rank, one-sided, paired by seed)")
     return "\n".join(lines) + "\n"
 
 
 def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> str:
     """Two lines: each run's largest stable LLC estimate, and its last stable one, of b's runs (name, estimates)
     against a's: medians, and the exact one-sided Mann-Whitney p-value that b's are the smaller."""
-    runs = {name: [kept for _, points in est.values() if (kept := {e: v for e, v in points.items() if stable(v)})]
+    runs = {name: [kept for _, points in est.values() if (kept := {e: v for e, v in points.items() if usable(v)})]
             for name, est in (a, b)}
     lines = []
     for what, pick in (("largest stable estimate of each run", lambda p: max(v["llc"] for v in p.values())),
@@ -95,7 +95,7 @@ def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> s
             lines.append(f"- {what}: no estimates at {draws} draws for {a[0] if not va else b[0]}")
             continue
         lines.append(f"- {what}: {b[0]} median {np.median(vb):.4g} ({len(vb)} runs) against {a[0]} "
-                     f"{np.median(va):.4g} ({len(va)}); {b[0]} smaller: p = {fmt_p(earlier_onsets(vb, va))} "
+                     f"{np.median(va):.4g} ({len(va)}); {b[0]} smaller: p = {fmt_p(smaller_than(vb, va))} "
                      "(exact Mann-Whitney, one-sided)")
     return "\n".join(lines) + "\n"
 

@@ -8,7 +8,7 @@ One row per preset and optimizer: the onset (first evaluated epoch with test acc
 the seeds with one, its bootstrap 95% interval (outputs.stats), and whether generalisation held after it: the
 runs stop 3,000 epochs after test accuracy last rose to >= 0.99 and stayed there (early stop), so "held" counts
 the runs that ended that way, and the lowest test accuracy any seed showed after it first reached 0.99 says how
-deep a loss went. Then, per preset, one-sided Mann-Whitney U tests (significance.earlier_onsets: exact, a seed
+deep a loss went. Then, per preset, one-sided Mann-Whitney U tests (significance.smaller_than: exact, a seed
 without an onset ranked last) of Muon earlier than AdamW and of AdamW earlier than Muon.
 """
 
@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from geolens.analysis.significance import earlier_onsets, fmt_p
+from geolens.analysis.significance import fmt_p, smaller_than
 from geolens.outputs.stats import onset_cell
 from geolens.outputs.tables import Rule
 from geolens.runs.runset import found_runs
@@ -80,8 +80,8 @@ def build(root: Path) -> tuple[str, str]:
         if adamw and muon:
             a, m = [r.onset for r in adamw], [r.onset for r in muon]
             seeds = f"{len(m)} vs {len(a)}"
-            tests.append(f"| {preset} | muon earlier than adamw | {seeds} | {fmt_p(earlier_onsets(m, a))} |")
-            tests.append(f"| {preset} | adamw earlier than muon | {seeds} | {fmt_p(earlier_onsets(a, m))} |")
+            tests.append(f"| {preset} | muon earlier than adamw | {seeds} | {fmt_p(smaller_than(m, a))} |")
+            tests.append(f"| {preset} | adamw earlier than muon | {seeds} | {fmt_p(smaller_than(a, m))} |")
     table = "\n".join(lines)
     if notes:
         table += "\n\nNotes:\n\n" + "\n".join(f"- {n}" for n in notes)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+from geolens.analysis.llc import stable_word
 from geolens.analysis.trajectory import read_table
 
 COLUMNS = [("llc", "LLC"), ("llc_std", "std"), ("llc_stable", "stable"), ("llc_embed", "embed"), ("llc_attn", "attn"),
@@ -19,7 +20,7 @@ def cell(name: str, v: dict[str, float]) -> str:
     """One cell: '-' where the table has no value (the LLC not estimated there, or before llc_stable existed)."""
     if name not in v:
         return "-"
-    return ("yes" if v[name] else "no") if name == "llc_stable" else f"{v[name]:.4g}"
+    return stable_word(v) if name == "llc_stable" else f"{v[name]:.4g}"
 
 
 def table(path: str) -> str:

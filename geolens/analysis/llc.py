@@ -190,6 +190,17 @@ def drift_factor(lr: float, n_beta: float, localization: float, sharpness: float
     return lr * (n_beta * sharpness + localization) / 2
 
 
+def usable(values: dict[str, float]) -> bool:
+    """Whether a recorded estimate (a metrics row's llc values) may be used: judged stable (llc_stable 1), or not
+    judged (cached before llc_stable was recorded)."""
+    return values.get("llc_stable", 1.0) == 1.0
+
+
+def stable_word(values: dict[str, float]) -> str:
+    """A recorded estimate's judgement in a table: 'yes', 'no', or '-' where it was not judged."""
+    return "-" if "llc_stable" not in values else ("yes" if values["llc_stable"] == 1.0 else "no")
+
+
 def judge(res: dict, chance: float) -> tuple[bool, str]:
     """(stable, reason) of one estimate: finite; positive; the mean trace plateaus (its last quarter rises by less than
     STABLE_DRIFT of its rise over the start); far from chance loss (half of ln C); chains agree (STABLE_SPREAD)."""

@@ -107,12 +107,13 @@ def llc_series(run: Run) -> dict[int, float]:
     """{epoch: LLC} at the run's checkpoints from the analysis cache (valid for the checkpoint and the metric's
     version): estimates judged stable or not judged (llc_stable absent: cached before it was recorded), at the one
     SGLD setting most of them share, since estimates at different settings are not comparable."""
+    from geolens.analysis.llc import usable
     from geolens.analysis.trajectory import cached_metrics
 
     by_setting: dict[tuple, dict[int, float]] = {}
     for step in run.steps:
         values = cached_metrics(run, step, ["llc"]).get("llc")
-        if values is None or values.get("llc_stable") == 0:
+        if values is None or not usable(values):
             continue
         setting = tuple(sorted((k, v) for k, v in values.items() if k.startswith("llc_setting_")))
         by_setting.setdefault(setting, {})[step] = values["llc"]

@@ -3,7 +3,7 @@ Holm correction for many such tests, a bootstrap interval of a median, a sign te
 of two configurations' onsets.
 
 Every test is scipy.stats' (permutation_test, bootstrap, binomtest); the steps scipy does not
-ship are below: a stratified rank test (earlier_within: the exact null by enumeration), and Holm's step-down
+ship are below: a stratified rank test (smaller_within: the exact null by enumeration), and Holm's step-down
 correction, holm() (scipy.stats.false_discovery_control controls the
 false discovery rate, a weaker guarantee than Holm's family-wise error rate). Resampling is seeded:
 the same values always give the same p-value and interval. docs/metrics.md states each definition.
@@ -96,11 +96,12 @@ def wilcoxon_less(a: Sequence[float], b: Sequence[float]) -> float | None:
     return float(stats.wilcoxon(d, alternative="less", zero_method="wilcox").pvalue)
 
 
-def earlier_onsets(a: Sequence[int | None], b: Sequence[int | None]) -> float | None:
-    """One-sided p-value that the onsets a come earlier than the onsets b: scipy.stats.mannwhitneyu with the
-    exact null distribution (a few seeds; ties occur only among runs without an onset, where the asymptotic
-    method scipy would switch to gives p below what the seeds can show). A run without an onset (None) ranks
-    after every onset (censored at its budget). None with fewer than 2 runs on either side."""
+def smaller_than(a: Sequence[float | None], b: Sequence[float | None]) -> float | None:
+    """One-sided p-value that the values a tend to be smaller than the values b (onset epochs, LLC estimates,
+    barrier heights): scipy.stats.mannwhitneyu with the exact null distribution (a few seeds; ties occur only among
+    runs without a value, where the asymptotic method scipy would switch to gives p below what the seeds can
+    show). None (a run without an onset, censored at its budget) ranks after every value. None with fewer than
+    2 runs on either side."""
     if len(a) < 2 or len(b) < 2:
         return None
     seen = [v for v in (*a, *b) if v is not None]
@@ -109,13 +110,14 @@ def earlier_onsets(a: Sequence[int | None], b: Sequence[int | None]) -> float | 
     return float(stats.mannwhitneyu(x, y, alternative="less", method="exact").pvalue)
 
 
-def earlier_within(strata: Sequence[tuple[Sequence[int | None], Sequence[int | None]]]) -> float | None:
-    """One-sided p-value that the onsets a come earlier than the onsets b within strata (e.g. one stratum per
-    configuration, a and b its runs on two devices): the stratified Mann-Whitney statistic, the sum over strata of
-    U = the (a, b) pairs with a's onset first (ties half), against its exact null distribution: every split of each
-    stratum's runs into groups of a's and b's sizes, equally likely, independently across strata (enumerated;
-    scipy.stats has no stratified rank test). A run without an onset ranks after every onset of its stratum. Strata
-    without runs on both sides are left out; None when none is left."""
+def smaller_within(strata: Sequence[tuple[Sequence[float | None], Sequence[float | None]]]) -> float | None:
+    """One-sided p-value that the values a tend to be smaller than the values b within strata (e.g. one stratum per
+    configuration, a and b its runs' onsets on two devices; one per seed, fork arms' barriers): the stratified
+    Mann-Whitney statistic, the sum over strata of U = the (a, b) pairs with a's value smaller (ties half), against
+    its exact null distribution: every split of each stratum's runs into groups of a's and b's sizes, equally
+    likely, independently across strata (enumerated; scipy.stats has no stratified rank test). None (a run without
+    an onset) ranks after every value of its stratum. Strata without runs on both sides are left out; None when
+    none is left."""
     def twice_u(a: list[float], b: list[float]) -> int:
         return sum(2 * (x < y) + (x == y) for x in a for y in b)
 
