@@ -10,6 +10,7 @@ sorts the indices at every step and adds on one thread.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Callable, TypeVar
 
@@ -47,25 +48,37 @@ def segments(rows: Int[Tensor, "N"], n_rows: int) -> tuple[Tensor, Tensor]:
 
 
 class RowLookup:
-    """Indices `idx` [*] into a table of n_rows rows with their segments, for gather_rows."""
+    """Indices `idx` [*] into a table of n_rows rows, for gather_rows; their segments (order, offsets) are built at
+    the first backward (an evaluation's lookups never sort)."""
 
     def __init__(self, idx: Tensor, n_rows: int):
         self.idx, self.n_rows = idx, n_rows
-        self.order, self.offsets = segments(idx.reshape(-1), n_rows)
+
+    @functools.cached_property
+    def segments(self) -> tuple[Tensor, Tensor]:
+        return segments(self.idx.reshape(-1), self.n_rows)
 
 
 class BagLookup:
-    """Bags idx [N, s] (s rows of a table of n_rows rows per bag) with what bag_rows' backward needs: the
-    entries' bag sorted by row (src), their flat positions (order), where each row's entries start (offsets),
-    and each bag's start and each entry's bag in the flat idx (starts, entry_bag)."""
+    """Bags idx [N, s] (s rows of a table of n_rows rows per bag), for bag_rows. Its backward reads, built at the
+    first backward: `by_row`, the entries' flat positions sorted by row with each row's start (segments) and the
+    bag of each (src); and for the weights' gradient each bag's start and each entry's bag in the flat idx."""
 
     def __init__(self, idx: Tensor, n_rows: int):
-        N, s = idx.shape
         self.idx, self.n_rows = idx, n_rows
-        self.order, self.offsets = segments(idx.reshape(-1), n_rows)
-        self.src = torch.div(self.order, s, rounding_mode="floor")
-        bags = torch.arange(N, device=idx.device)
-        self.starts, self.entry_bag = bags * s, bags.repeat_interleave(s)
+
+    @functools.cached_property
+    def by_row(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(order, offsets, src): segments of the flat idx, and the bag of each entry in that order."""
+        order, offsets = segments(self.idx.reshape(-1), self.n_rows)
+        return order, offsets, torch.div(order, self.idx.shape[1], rounding_mode="floor")
+
+    @functools.cached_property
+    def bags(self) -> tuple[Tensor, Tensor]:
+        """(starts [N], entry_bag [N s]): each bag's first entry and each entry's bag."""
+        N, s = self.idx.shape
+        bags = torch.arange(N, device=self.idx.device)
+        return bags * s, bags.repeat_interleave(s)
 
 
 class _GatherRows(torch.autograd.Function):
@@ -76,9 +89,8 @@ class _GatherRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        lk = ctx.lookup
-        g_table = torch.nn.functional.embedding_bag(lk.order, g.reshape(lk.order.numel(), -1), lk.offsets, mode="sum")
-        return g_table, None
+        order, offsets = ctx.lookup.segments
+        return torch.nn.functional.embedding_bag(order, g.reshape(order.numel(), -1), offsets, mode="sum"), None
 
 
 class _BagRows(torch.autograd.Function):
@@ -94,11 +106,12 @@ class _BagRows(torch.autograd.Function):
         table, weights = ctx.saved_tensors
         g_table = g_weights = None
         if ctx.needs_input_grad[0]:
-            g_table = torch.nn.functional.embedding_bag(lk.src, g, lk.offsets, mode="sum",
-                                                        per_sample_weights=weights.reshape(-1)[lk.order])
+            order, offsets, src = lk.by_row
+            g_table = torch.nn.functional.embedding_bag(src, g, offsets, mode="sum",
+                                                        per_sample_weights=weights.reshape(-1)[order])
         if ctx.needs_input_grad[1]:
             g_weights = torch.ops.aten._embedding_bag_per_sample_weights_backward(
-                g.contiguous(), table, lk.idx.reshape(-1), lk.starts, lk.entry_bag, 0, -1).view_as(weights)
+                g.contiguous(), table, lk.idx.reshape(-1), *lk.bags, 0, -1).view_as(weights)
         return g_table, g_weights, None
 
 
