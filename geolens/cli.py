@@ -382,6 +382,7 @@ def llc_calibrate(
     n_betas: str = typer.Option("10,30,100", "--n-beta", help="Comma-separated inverse temperatures n * beta."),
     localization: Optional[float] = typer.Option(None, help="Localisation strength (default: DEFAULT_LLC's)."),
     draws: Optional[int] = typer.Option(None, help="Draws per chain (default: DEFAULT_LLC's)."),
+    burnin: int = typer.Option(0, help="SGLD steps per chain before the draws, left out of the estimate and traces."),
     sampler: str = typer.Option("sgld", help="'sgld' (devinterp's plain SGLD) or 'rmsprop_sgld' (its RMSprop-"
                                 "preconditioned SGLD; the drift column assumes plain SGLD)."),
     out: Optional[Path] = typer.Option(None, help="Folder for llc_calibration.md, .csv, .png, .svg "
@@ -404,7 +405,9 @@ def llc_calibrate(
         base = replace(base, localization=_positive(str(localization), "--localization"))
     if draws is not None:
         base = replace(base, draws=int(_positive(str(draws), "--draws")))
-    base = replace(base, sampler=sampler)
+    if burnin < 0:
+        raise GeoError(f"--burnin {burnin} must be >= 0 (SGLD steps per chain before the draws)")
+    base = replace(base, sampler=sampler, burnin=burnin)
     x, y = r.dataset.train
     rows, curvature = calibrate(r.model_at(step), x, y, grid[0], grid[1], base)
     label = f"{r.path} at epoch {step}"

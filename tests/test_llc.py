@@ -183,3 +183,23 @@ def test_cached_llc_values_are_read_across_settings_and_versions_of_the_same_est
     assert same_definition("llc", "1:lr=1e-05;n_beta=100.0;localization=10000.0;chains=2;draws=100", now)
     assert not same_definition("llc", "0:lr=1e-05", now) and not same_definition("llc", None, now)
     assert not same_definition("sharpness", "1", "2") and same_definition("sharpness", "2", "2")
+
+
+def test_burn_in_steps_are_left_out_of_the_estimate_and_the_trace():
+    """Chains start at the minimum and climb to their equilibrium: averaged over 100 draws from the start the
+    regular bowl's LLC comes out low; after 300 burn-in steps the same 100 draws give d/2 within the chains' error.
+    The burn-in is a setting: in the cache key when not 0, parsed, refused below 0."""
+    from dataclasses import replace
+
+    rows = torch.zeros(64, 2, dtype=torch.long)
+    short = replace(BOWL, draws=100)
+    early = sample_llc(Bowl(4), rows, _loss(2), short)
+    settled = sample_llc(Bowl(4), rows, _loss(2), replace(short, burnin=300))
+    assert [len(t) for t in settled["trace"]] == [100] * BOWL.chains
+    error = 3 * settled["llc_std"] / math.sqrt(BOWL.chains)
+    assert abs(settled["llc"] - 2.0) < error, settled
+    assert early["llc"] + 3 * early["llc_std"] / math.sqrt(BOWL.chains) < 2.0, early  # low beyond its own error
+    assert "burnin" not in short.key() and "burnin=300" in replace(short, burnin=300).key()
+    assert LLCSettings.parse("burnin=5000,draws=2000") == replace(LLCSettings(), burnin=5000, draws=2000)
+    with pytest.raises(GeoError, match="LLC setting burnin='-1' must be a whole number of at least 0"):
+        LLCSettings.parse("burnin=-1")

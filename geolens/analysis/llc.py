@@ -47,7 +47,9 @@ class LLCSettings:
     """SGLD settings: step size lr, inverse temperature n_beta (n times beta), localisation strength, chains,
     draws per chain, minibatch size, seed; sampler: devinterp's plain SGLD ('sgld') or its RMSprop-preconditioned
     SGLD ('rmsprop_sgld', devinterp's default alpha and eps); components: which weight-restricted estimates the llc
-    metric adds to the whole model's ('all' of COMPONENTS, 'none', or a '+'-joined subset such as 'mlp+attn')."""
+    metric adds to the whole model's ('all' of COMPONENTS, 'none', or a '+'-joined subset such as 'mlp+attn');
+    burnin: SGLD steps per chain before the draws (devinterp's num_burnin_steps), left out of the estimate and the
+    trace, so a chain that settles late need not run long enough to average its climb away."""
 
     lr: float = 1e-5  # the stable setting of docs/landscape.md's sweep at the shipped fb checkpoint
     n_beta: float = 100.0
@@ -58,6 +60,7 @@ class LLCSettings:
     seed: int = 1
     sampler: str = "sgld"
     components: str = "all"
+    burnin: int = 0
 
     def __post_init__(self):
         if self.sampler not in SAMPLERS:
@@ -77,8 +80,8 @@ class LLCSettings:
     @classmethod
     def parse(cls, text: str, base: "LLCSettings | None" = None) -> "LLCSettings":
         """Settings from 'lr=1e-7,n_beta=1000,draws=20000' (fields of LLCSettings; the others base's, default
-        DEFAULT_LLC's). A GeoError names an unknown field or a bad value (numbers other than the seed are > 0;
-        chains, draws, batch_size and seed whole)."""
+        DEFAULT_LLC's). A GeoError names an unknown field or a bad value (numbers other than the seed and the
+        burn-in are > 0, the burn-in >= 0; chains, draws, batch_size, burnin and seed whole)."""
         kinds = {f.name: f.type for f in fields(cls)}
         changes: dict[str, object] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
@@ -90,8 +93,9 @@ class LLCSettings:
 
     def key(self) -> str:
         """The settings as one string: part of the llc metric's cache key (the sampler only when not 'sgld', the
-        components only when not 'all', so keys written before they were settings stay valid)."""
-        defaults = {"sampler": "sgld", "components": "all"}
+        components only when not 'all', the burn-in only when not 0, so keys written before they were settings stay
+        valid)."""
+        defaults = {"sampler": "sgld", "components": "all", "burnin": 0}
         return ";".join(f"{k}={v}" for k, v in asdict(self).items() if defaults.get(k, object()) != v)
 
 
@@ -104,10 +108,12 @@ def _setting_number(name: str, text: str, whole: bool) -> float | int:
         number = float(text)
     except ValueError:
         number = math.nan
-    if not math.isfinite(number) or (whole and not number.is_integer()) or (name != "seed" and number <= 0):
+    floor = {"seed": -math.inf, "burnin": 0}.get(name)
+    bad = number < floor if floor is not None else number <= 0
+    if not math.isfinite(number) or (whole and not number.is_integer()) or bad:
         kind = "a whole number" if whole else "a number"
-        raise GeoError(f"LLC setting {name}={text!r} must be {kind}{'' if name == 'seed' else ' above 0'}; "
-                       "e.g. --llc lr=1e-7,n_beta=1000,draws=20000")
+        bound = {"seed": "", "burnin": " of at least 0"}.get(name, " above 0")
+        raise GeoError(f"LLC setting {name}={text!r} must be {kind}{bound}; e.g. --llc lr=1e-7,n_beta=1000,draws=20000")
     return int(number) if whole else number
 
 
@@ -115,17 +121,23 @@ def sample_llc(model: torch.nn.Module, rows: Int[Tensor, "N k"], loss_fn, settin
                param_masks: dict[str, Tensor | None] | None = None) -> dict:
     """devinterp's LLC estimate of `model` on the dataset `rows` (each row one input_ids sequence) with
     loss_fn(model, input_ids) -> [batch, k - 1]: {'llc', 'llc_std', 'init_loss', 'per_chain' [chains],
-    'trace' [chains, draws]} (the sampler's progress bars silenced)."""
+    'trace' [chains, draws]} (the sampler's progress bars silenced).
+
+    devinterp's llc() is its sample() followed by its compute_llc(), which averages every SGLD step, burn-in
+    included (devinterp 2.0.1); with settings.burnin the same compute_llc reads the steps after the burn-in only."""
     from datasets import Dataset
-    from devinterp.slt.llc import llc
+    from devinterp.slt.llc import compute_llc
+    from devinterp.slt.sampling import sample
 
     data = Dataset.from_dict({"input_ids": rows.tolist()}).with_format("torch")
     with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = llc(model, data, {}, lr=settings.lr, n_beta=settings.n_beta, loss_fn=loss_fn, param_masks=param_masks,
-                  num_chains=settings.chains, num_draws=settings.draws, batch_size=min(settings.batch_size, len(rows)),
-                  localization=settings.localization, init_seed=settings.seed, device="cpu",
-                  sampling_method=SAMPLERS[settings.sampler])
+        samples = sample(model=model, dataset=data, observables={}, lr=settings.lr, n_beta=settings.n_beta,
+                         loss_fn=loss_fn, param_masks=param_masks, num_chains=settings.chains,
+                         num_draws=settings.draws, num_burnin_steps=settings.burnin,
+                         batch_size=min(settings.batch_size, len(rows)), localization=settings.localization,
+                         init_seed=settings.seed, device="cpu", sampling_method=SAMPLERS[settings.sampler])
+    out = compute_llc(samples.isel(step=slice(settings.burnin, None)) if settings.burnin else samples)
     return {"llc": float(out.llc_mean), "llc_std": float(out.llc_std), "init_loss": float(out.init_loss),
             "per_chain": out.llc_per_chain.values.tolist(), "trace": out.loss_trace.values.tolist()}
 

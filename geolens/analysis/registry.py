@@ -129,7 +129,8 @@ def m_llc(ctx: AnalysisContext) -> dict[str, float]:
     for component in settings.component_list:
         res = llc.model_llc(ctx.model, x, y, settings, component)
         out[f"llc_{component}"], out[f"llc_{component}_std"] = res["llc"], res["llc_std"]
-    out.update({f"llc_setting_{k}": float(v) for k, v in asdict(settings).items() if k not in ("sampler", "components")})
+    out.update({f"llc_setting_{k}": float(v) for k, v in asdict(settings).items()
+                if k not in ("sampler", "components") and not (k == "burnin" and v == 0)})  # as in settings.key()
     return out
 
 

@@ -12,8 +12,9 @@ from geolens.runs.storage import atomic_write_bytes
 
 def calibration_table(rows: list[Calibration], base: LLCSettings, label: str, sharpness: float) -> str:
     sampler = "SGLD" if base.sampler == "sgld" else "RMSprop-preconditioned SGLD (whose step the drift column ignores)"
+    burnin = f" after {base.burnin} burn-in steps" if base.burnin else ""
     head = (f"# LLC calibration: {label}\n\n{sampler} (devinterp) with localization {base.localization:g}, {base.chains} chains x "
-            f"{base.draws} draws, batch {base.batch_size}, seed {base.seed}; stable = positive, the mean trace plateaus, "
+            f"{base.draws} draws{burnin}, batch {base.batch_size}, seed {base.seed}; stable = positive, the mean trace plateaus, "
             "far from chance loss, chains agree (geolens.analysis.llc.judge). Sharpness (top Hessian eigenvalue of the "
             f"training loss) {sharpness:.4g}; drift = lr (n_beta sharpness + localization) / 2, the step's drift along "
             "that direction (llc.drift_factor: it diverges above 2).\n\n"
