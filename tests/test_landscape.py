@@ -103,3 +103,34 @@ def test_llc_points_pairs_successive_stable_estimates_by_seed():
     assert lines[1].startswith("- stable estimate 2 -> 3 of each run (epochs 20-22 -> 30): fell in 3 of 3 runs; p = 0.125")
     runs[3] = (70, est((10, 0.5), (20, -1.0), (30, 1.0)))  # 2 stable estimates where the others have 3: no pairing
     assert points.along(runs) == ""
+
+
+def test_llc_points_compares_two_presets_for_the_whole_model_and_each_component():
+    """llc_points.against picks each run's largest and last stable whole-model estimates and tests b < a for the
+    whole model and every component estimated there (exact Mann-Whitney: 3 runs against 3 all smaller, p = 0.05);
+    the table grows a column per component."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "analyses" / "landscape" / "llc_points.py"
+    spec = importlib.util.spec_from_file_location("llc_points", path)
+    points = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(points)
+
+    def est(scale, unstable_peak=False):
+        def row(llc, stable=1.0):
+            return {"llc": llc, "llc_std": 1.0, "llc_stable": stable, "llc_mlp": llc / 2, "llc_attn": llc / 4,
+                    "loss_train": 0.1, "acc_test": 0.5}
+        return {s: (100, {10: row(scale * s), 20: row(3 * scale * s, 0.0 if unstable_peak else 1.0), 30: row(scale)})
+                for s in (1, 2, 3)}
+
+    ln, fb = est(100.0), est(1.0, unstable_peak=True)
+    lines = points.against(("ln", ln), ("fb", fb), 2000).splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "- largest stable estimate of each run", "- largest stable estimate of each run, attn",
+        "- largest stable estimate of each run, mlp", "- last stable estimate of each run",
+        "- last stable estimate of each run, attn", "- last stable estimate of each run, mlp"]
+    assert "fb median 2 (3 runs) against ln 600 (3); fb smaller: p = 0.05" in lines[0]  # fb's unstable peaks left out
+    assert "fb median 0.5 (3 runs) against ln 150 (3)" in lines[1] and all("p = 0.05" in line for line in lines)
+    head = points.table(ln).splitlines()[0]
+    assert head.startswith("| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | attn | mlp | sharpness")

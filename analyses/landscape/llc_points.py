@@ -1,16 +1,18 @@
 """The LLC at the checkpoints of the llc lane's trajectories where it was estimated at one SGLD setting
 (docs/landscape.md), beside each run's onset, and two presets' estimates against each other.
 
-    python analyses/landscape/llc_points.py FOLDER [--against FOLDER_B] [--draws 20000]   # to stdout
+    python analyses/landscape/llc_points.py FOLDER [--against FOLDER_B] [--draws 20000] [--burnin 0]   # to stdout
 
 FOLDER holds seed_N/metrics.csv (`geolens analyze --metrics llc` tables) of one preset's runs, whose training
 records are results/landscape/records/llc/PRESET/seed_N (PRESET: FOLDER's name; their onset: the first evaluated
-epoch with test accuracy > 0.95). One row per checkpoint whose LLC was estimated with `--draws` draws per chain:
-the seed, the onset, the epoch and its distance to the onset, the LLC with its standard deviation over chains,
-whether the chains were stable (llc.judge), the sharpness, and the training loss and test accuracy there.
-When every run has the same number of stable estimates, successive ones are compared across runs (paired by seed;
-an unstable estimate's place taken by the next checkpoint estimated). --against adds, for each run's largest and last stable estimates, the exact
-one-sided Mann-Whitney test (scipy.stats, significance.smaller_than) that FOLDER_B's runs have the smaller LLC.
+epoch with test accuracy > 0.95). One row per checkpoint whose LLC was estimated with `--draws` draws per chain
+after `--burnin` steps: the seed, the onset, the epoch and its distance to the onset, the LLC with its standard
+deviation over chains, whether the chains were stable (llc.judge), the components' LLCs where estimated, the
+sharpness, and the training loss and test accuracy there. When every run has the same number of stable
+estimates, successive ones are compared across runs (paired by seed; an unstable estimate's place taken by the
+next checkpoint estimated). --against adds, at each run's largest and last stable estimates, the exact one-sided
+Mann-Whitney test (scipy.stats, significance.smaller_than) that FOLDER_B's runs have the smaller LLC, for the
+whole model and each component estimated there.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from geolens.analysis.llc import stable_word, usable
+from geolens.analysis.llc import COMPONENTS, stable_word, usable
 from geolens.analysis.significance import fmt_p, smaller_than, wilcoxon_less
 from geolens.analysis.trajectory import read_table
 from geolens.outputs.tables import Rule
@@ -34,25 +36,37 @@ RECORDS = Path("results/landscape/records/llc")
 Estimates = dict[int, tuple[int | None, dict[int, dict[str, float]]]]  # {seed: (onset, {epoch: values})}
 
 
-def estimates(folder: Path, draws: int, records: Path = RECORDS) -> Estimates:
-    """The checkpoints under folder whose LLC has `draws` draws per chain, with each run's onset."""
+def estimates(folder: Path, draws: int, records: Path = RECORDS, burnin: int = 0) -> Estimates:
+    """The checkpoints under folder whose LLC has `draws` draws per chain after `burnin` steps, with each run's
+    onset."""
     out = {}
     for run in sorted(folder.glob("seed_*"), key=lambda p: int(p.name.split("_")[1])):
         onset = RULE.onset(load_run(records / folder.name / run.name).metrics)
-        points = {e: v for e, v in read_table(run / "metrics.csv").items() if v.get("llc_setting_draws") == draws}
+        points = {e: v for e, v in read_table(run / "metrics.csv").items()
+                  if v.get("llc_setting_draws") == draws and v.get("llc_setting_burnin", 0) == burnin}
         out[int(run.name.split("_")[1])] = (onset, points)
     return out
 
 
+def components(*ests: Estimates) -> list[str]:
+    """The components (llc.COMPONENTS) whose weight-restricted LLC some estimate of `ests` holds."""
+    held = {name for est in ests for _, points in est.values() for v in points.values() for name in v}
+    return [c for c in COMPONENTS if f"llc_{c}" in held]
+
+
 def table(est: Estimates) -> str:
-    lines = ["| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | sharpness | train loss | test acc |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    """One row per estimate; a column per component where components were estimated."""
+    comps = components(est)
+    lines = ["| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | "
+             + "".join(f"{c} | " for c in comps) + "sharpness | train loss | test acc |",
+             "| --- " * (9 + len(comps)) + "|"]
     for seed, (onset, points) in est.items():
         for epoch, v in sorted(points.items()):
             to_onset = "-" if onset is None else f"{epoch - onset:+,}"
+            parts = "".join(f"{v[f'llc_{c}']:.4g} | " if f"llc_{c}" in v else "- | " for c in comps)
             lines.append(f"| {seed} | {'-' if onset is None else f'{onset:,}'} | {epoch:,} | {to_onset} | "
-                         f"{v['llc']:.4g} ± {v['llc_std']:.2g} | {stable_word(v)} | {v.get('sharpness', float('nan')):.4g} | "
-                         f"{v['loss_train']:.4g} | {v['acc_test']:.4g} |")
+                         f"{v['llc']:.4g} ± {v['llc_std']:.2g} | {stable_word(v)} | {parts}"
+                         f"{v.get('sharpness', float('nan')):.4g} | {v['loss_train']:.4g} | {v['acc_test']:.4g} |")
     return "\n".join(lines) + "\n"
 
 
@@ -83,32 +97,36 @@ def along(est: Estimates) -> str:
 
 
 def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> str:
-    """Two lines: each run's largest stable LLC estimate, and its last stable one, of b's runs (name, estimates)
+    """Two lines per quantity (the whole model's LLC, then each component's estimated in every chosen checkpoint):
+    at each run's largest stable whole-model estimate, and at its last stable one, b's runs (name, estimates)
     against a's: medians, and the exact one-sided Mann-Whitney p-value that b's are the smaller."""
     runs = {name: [kept for _, points in est.values() if (kept := {e: v for e, v in points.items() if usable(v)})]
             for name, est in (a, b)}
     lines = []
-    for what, pick in (("largest stable estimate of each run", lambda p: max(v["llc"] for v in p.values())),
-                       ("last stable estimate of each run", lambda p: p[max(p)]["llc"])):
-        va, vb = ([pick(p) for p in runs[name]] for name, _ in (a, b))
-        if not (va and vb):
-            lines.append(f"- {what}: no estimates at {draws} draws for {a[0] if not va else b[0]}")
+    for what, pick in (("largest stable estimate of each run", lambda p: max(p, key=lambda e: p[e]["llc"])),
+                       ("last stable estimate of each run", max)):
+        chosen = {name: [p[pick(p)] for p in runs[name]] for name, _ in (a, b)}
+        if not (chosen[a[0]] and chosen[b[0]]):
+            lines.append(f"- {what}: no estimates at {draws} draws for {a[0] if not chosen[a[0]] else b[0]}")
             continue
-        lines.append(f"- {what}: {b[0]} median {np.median(vb):.4g} ({len(vb)} runs) against {a[0]} "
-                     f"{np.median(va):.4g} ({len(va)}); {b[0]} smaller: p = {fmt_p(smaller_than(vb, va))} "
-                     "(exact Mann-Whitney, one-sided)")
+        held = [c for c in components(a[1], b[1]) if all(f"llc_{c}" in v for vs in chosen.values() for v in vs)]
+        for quantity, label in [("llc", ""), *((f"llc_{c}", f", {c}") for c in held)]:
+            va, vb = ([v[quantity] for v in chosen[name]] for name, _ in (a, b))
+            lines.append(f"- {what}{label}: {b[0]} median {np.median(vb):.4g} ({len(vb)} runs) against {a[0]} "
+                         f"{np.median(va):.4g} ({len(va)}); {b[0]} smaller: p = {fmt_p(smaller_than(vb, va))} "
+                         "(exact Mann-Whitney, one-sided)")
     return "\n".join(lines) + "\n"
 
 
-def report(folder: Path, draws: int, other: Path | None = None, records: Path = RECORDS) -> str:
+def report(folder: Path, draws: int, other: Path | None = None, records: Path = RECORDS, burnin: int = 0) -> str:
     """What the command prints: the table, the successive estimates' test, and the test against `other`."""
-    est = estimates(folder, draws, records)
+    est = estimates(folder, draws, records, burnin)
     text = table(est)
     steps = along(est)
     if steps:
         text += "\n" + steps
     if other is not None:
-        text += "\n" + against((folder.name, est), (other.name, estimates(other, draws, records)), draws)
+        text += "\n" + against((folder.name, est), (other.name, estimates(other, draws, records, burnin)), draws)
     return text
 
 
@@ -117,8 +135,9 @@ def main(argv=None) -> None:
     ap.add_argument("folder", type=Path, help="folder of seed_N/metrics.csv of one preset's runs")
     ap.add_argument("--against", type=Path, help="another preset's folder: test its LLC against FOLDER's")
     ap.add_argument("--draws", type=int, default=20000, help="draws per chain of the estimates to show")
+    ap.add_argument("--burnin", type=int, default=0, help="their burn-in steps per chain (the llc setting burnin)")
     args = ap.parse_args(argv)
-    sys.stdout.write(report(args.folder, args.draws, args.against))
+    sys.stdout.write(report(args.folder, args.draws, args.against, burnin=args.burnin))
 
 
 if __name__ == "__main__":
