@@ -75,11 +75,14 @@ def test_the_committed_landscape_tables_are_what_their_records_give(monkeypatch)
     fb = Path("results") / "landscape" / "llc_common_setting"
     assert points.report(llc / "ln", 20000, fb / "fb") == (llc / "ln_llc_points.md").read_text()
     assert points.report(fb / "fb", 20000) == (fb / "fb_llc_points.md").read_text()
+    parts = Path("results") / "landscape" / "llc_components"
+    assert points.report(parts / "ln", 2000, parts / "fb", burnin=4000) == (parts / "ln_components.md").read_text()
+    assert points.report(parts / "fb", 2000, burnin=4000) == (parts / "fb_components.md").read_text()
     common = root / "results" / "landscape" / "llc_common"
     assert load(root / "analyses" / "landscape" / "llc_common_table.py").table(common) == (common / "llc_common.md").read_text()
     text = (root / "docs" / "landscape.md").read_text()
     refreshed, count = load(root / "analyses" / "reproduction" / "embed_tables.py").embed(text)
-    assert count == 11 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md
+    assert count == 13 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md
 
 
 def test_llc_points_pairs_successive_stable_estimates_by_seed():
