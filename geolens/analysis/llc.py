@@ -95,8 +95,15 @@ class LLCSettings:
         """The settings as one string: part of the llc metric's cache key (the sampler only when not 'sgld', the
         components only when not 'all', the burn-in only when not 0, so keys written before they were settings stay
         valid)."""
-        defaults = {"sampler": "sgld", "components": "all", "burnin": 0}
-        return ";".join(f"{k}={v}" for k, v in asdict(self).items() if defaults.get(k, object()) != v)
+        return ";".join(f"{k}={v}" for k, v in self._keyed().items())
+
+    def numbers(self) -> dict[str, float]:
+        """The numeric settings the key holds, as recorded beside each value (llc_setting_*)."""
+        return {k: float(v) for k, v in self._keyed().items() if not isinstance(v, str)}
+
+    def _keyed(self) -> dict[str, object]:
+        omitted_at = {"sampler": "sgld", "components": "all", "burnin": 0}
+        return {k: v for k, v in asdict(self).items() if omitted_at.get(k, object()) != v}
 
 
 DEFAULT_LLC = LLCSettings()

@@ -19,7 +19,7 @@ columns stay stable while the keys move; keyfreq_wl_fft_<r> says which frequency
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable
 
 import torch.nn.functional as F
@@ -129,8 +129,7 @@ def m_llc(ctx: AnalysisContext) -> dict[str, float]:
     for component in settings.component_list:
         res = llc.model_llc(ctx.model, x, y, settings, component)
         out[f"llc_{component}"], out[f"llc_{component}_std"] = res["llc"], res["llc_std"]
-    out.update({f"llc_setting_{k}": float(v) for k, v in asdict(settings).items()
-                if k not in ("sampler", "components") and not (k == "burnin" and v == 0)})  # as in settings.key()
+    out.update({f"llc_setting_{k}": v for k, v in settings.numbers().items()})
     return out
 
 

@@ -84,7 +84,7 @@ from torch import Tensor
 
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig
-from geolens.model.lookups import cached_plan, segments
+from geolens.model.lookups import BagLookup, cached_plan, segments, slot_dots
 from geolens.model.readout import bounded_readout
 
 __all__ = ["fast_unsupported_reason", "fast_logits", "stacked_fast_logits", "fast_eq_forward", "FastEq", "fast_flops",
@@ -275,23 +275,16 @@ class _Plan:
             self.sc_order, self.sc_offsets = segments(self.sc_rows, M * (2 * V + 1))
         n = local.shape[-1]
         self.idx = (local + (members * self.n_tab)[..., None]).view(M * B, n)
-        self._slot_bags = None
         k_rows = (M * self.n_tab + members).expand(M, B)[..., None]
         self.idx2 = torch.cat((self.idx.view(M, B, n), k_rows), -1).view(M * B, n + 1)
-        order, self.t_offsets = segments(self.idx.view(-1), M * self.n_tab)
-        self.t_src = torch.div(order, n, rounding_mode="floor")
-        self.t_w = order
-        self.t_w2 = self.t_src * (n + 1) + order % n
+        self.bag = BagLookup(self.idx, M * self.n_tab)
+        self.t_w, self.t_offsets, self.t_src = self.bag.by_row
+        self.t_w2 = self.t_src * (n + 1) + self.t_w % n
 
     def slot_dots(self, g: Float[Tensor, "MB k"], table: Float[Tensor, "rows k"]) -> Float[Tensor, "MB n"]:
         """<table[idx[i, j]], g[i]> for every slot j of every example i: the per-sample-weight
         gradient of a bag over `table` with slots idx."""
-        if self._slot_bags is None:  # (offsets, bag of each entry) of idx as a flat bag
-            n = self.idx.shape[1]
-            bags = torch.arange(self.M * self.B, device=self.idx.device)
-            self._slot_bags = (bags * n, bags.repeat_interleave(n))
-        return torch.ops.aten._embedding_bag_per_sample_weights_backward(
-            g, table, self.idx.view(-1), *self._slot_bags, 0, -1).view(self.idx.shape)
+        return slot_dots(g, table, self.bag)
 
 
 def _plan(tokens: list[Tensor], V: int, H: int, uniform: bool) -> _Plan:

@@ -110,9 +110,15 @@ class _BagRows(torch.autograd.Function):
             g_table = torch.nn.functional.embedding_bag(src, g, offsets, mode="sum",
                                                         per_sample_weights=weights.reshape(-1)[order])
         if ctx.needs_input_grad[1]:
-            g_weights = torch.ops.aten._embedding_bag_per_sample_weights_backward(
-                g.contiguous(), table, lk.idx.reshape(-1), *lk.bags, 0, -1).view_as(weights)
+            g_weights = slot_dots(g, table, lk)
         return g_table, g_weights, None
+
+
+def slot_dots(g: Float[Tensor, "N k"], table: Float[Tensor, "n_rows k"], lookup: BagLookup) -> Float[Tensor, "N s"]:
+    """<table[lookup.idx[i, j]], g[i]> for every slot j of every bag i: the per-sample-weight gradient of a bag
+    over `table` (torch's kernel for it; it has no public name)."""
+    return torch.ops.aten._embedding_bag_per_sample_weights_backward(
+        g.contiguous(), table, lookup.idx.reshape(-1), *lookup.bags, 0, -1).view(lookup.idx.shape)
 
 
 def gather_rows(table: Float[Tensor, "n_rows k"], lookup: RowLookup) -> Float[Tensor, "* k"]:
