@@ -50,7 +50,7 @@ def test_bench_grid_projection_on_constructed_costs():
 
 def test_bench_grid_runs_a_small_grid(capsys):
     bench = _load("bench_grid")
-    bench.main(["--p", "23", "--seeds", "1-2", "--epochs", "2,400", "--setups", "local:1x1",
+    bench.main(["--p", "23", "--seeds", "1-2", "--epochs", "2,2000", "--setups", "local:1x1",
                 "--set", "d_model=32",
                 "--set", "d_head=8", "--set", "d_mlp=64", "--set", "frac_train=0.5"])
     out = capsys.readouterr().out
