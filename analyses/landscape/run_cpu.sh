@@ -10,6 +10,10 @@
 #                fb `--metrics llc,sharpness,loss` (the LLC, its components and the sharpness along the trajectory;
 #                `geolens precursors` then reads the LLC as a precursor), ln `--metrics sharpness,loss` (DEFAULT_LLC's
 #                step diverges at LayerNorm's sharpness: docs/landscape.md, Calibration)
+#   lane llc_burnin  ln, seeds 1-3, the llc lane's trajectories (train them first): the whole-model LLC at the
+#                burn-in setting (BURNIN_LLC) at every STRIDE-th checkpoint and the last (STRIDE=1: every
+#                checkpoint), `geolens analyze --workers 2` into each run's analysis_burnin/ (its own cache: the
+#                run's analysis/ keeps the llc lane's), its table copied to results/landscape/llc_burnin_series
 # Records (run.json, metrics.csv, events.json) go to results/landscape/records, the analysis tables to
 # results/landscape/<lane>/<run>/metrics.csv. SEEDS="1 2" narrows the seeds, PRESETS="fb sphere" the presets of
 # both lanes to those named. DEVICE=cuda (or cpu) trains the muon lane stacked instead: each preset and optimizer's seeds
@@ -33,6 +37,12 @@ finished() { [ -f "$1/run.json" ] && grep -q '"status": "finished"' "$1/run.json
 collect() { "$py" analyses/reproduction/collect.py "$R" results/landscape/records > /dev/null; }
 epochs() { [ "$1" = ln ] && echo 18000 || echo 8000; }
 flush() { [ "$1" = ln ] && echo "--set flush_denormal=true"; }
+BURNIN_LLC=lr=1e-7,n_beta=1000,burnin=4000,draws=2000,components=none
+# strided RUN: every STRIDE-th checkpointed epoch of RUN and its last, comma-separated
+strided() {
+    "$py" -c "from geolens.runs.run import load_run; s = load_run('$1').steps
+print(','.join(map(str, sorted(set(s[::${STRIDE:-1}] + s[-1:])))))"
+}
 # muon_args PRESET OPTIMIZER: the training flags of one muon-lane configuration (every seed's)
 muon_args() {
     echo --preset "$1" --p 113 --lr 6e-4 --epochs "$(epochs "$1")" --early-stop 3000 --checkpoints every:1000 \
@@ -88,7 +98,17 @@ for lane in "${lanes[@]}"; do
                 cp "$out/analysis/metrics.csv" "results/landscape/llc/$preset/seed_$s/metrics.csv"
             done
         done ;;
-    *) echo "unknown lane $lane (muon llc)" >&2; exit 2 ;;
+    llc_burnin)
+        for s in $(echo $SEEDS | cut -d' ' -f1-3); do
+            out="$R/llc/ln/seed_$s"
+            finished "$out" || { echo "$out is not trained: run the llc lane first" >&2; status=1; continue; }
+            echo "== $(date -Is) $out LLC at $BURNIN_LLC"
+            "$py" -m geolens analyze --run "$out" --metrics llc --llc "$BURNIN_LLC" --steps "$(strided "$out")" \
+                --static '' --quiet --workers 2 --out "$out/analysis_burnin" > /dev/null || status=1
+            mkdir -p "results/landscape/llc_burnin_series/ln/seed_$s"
+            cp "$out/analysis_burnin/metrics.csv" "results/landscape/llc_burnin_series/ln/seed_$s/metrics.csv"
+        done ;;
+    *) echo "unknown lane $lane (muon llc llc_burnin)" >&2; exit 2 ;;
     esac
 done
 exit $status
