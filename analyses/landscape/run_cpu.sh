@@ -10,10 +10,10 @@
 #                fb `--metrics llc,sharpness,loss` (the LLC, its components and the sharpness along the trajectory;
 #                `geolens precursors` then reads the LLC as a precursor), ln `--metrics sharpness,loss` (DEFAULT_LLC's
 #                step diverges at LayerNorm's sharpness: docs/landscape.md, Calibration)
-#   lane llc_burnin  ln, seeds 1-3, the llc lane's trajectories (train them first): the whole-model LLC at the
-#                burn-in setting (BURNIN_LLC) at every STRIDE-th checkpoint and the last (STRIDE=1: every
-#                checkpoint), `geolens analyze --workers 2` into each run's analysis_burnin/ (its own cache: the
-#                run's analysis/ keeps the llc lane's), its table copied to results/landscape/llc_burnin_series
+#   lane llc_dense  ln, seeds 1-3: the llc lane's training anew into $R/llc_dense (its own runs: the llc lane's
+#                records name another machine, whose float order they need), then the whole-model LLC at the
+#                burn-in setting (BURNIN_LLC) at every STRIDE-th checkpoint and the last (STRIDE=1, the default:
+#                every checkpoint), `geolens analyze --workers 2`
 # Records (run.json, metrics.csv, events.json) go to results/landscape/records, the analysis tables to
 # results/landscape/<lane>/<run>/metrics.csv. SEEDS="1 2" narrows the seeds, PRESETS="fb sphere" the presets of
 # both lanes to those named. DEVICE=cuda (or cpu) trains the muon lane stacked instead: each preset and optimizer's seeds
@@ -98,17 +98,19 @@ for lane in "${lanes[@]}"; do
                 cp "$out/analysis/metrics.csv" "results/landscape/llc/$preset/seed_$s/metrics.csv"
             done
         done ;;
-    llc_burnin)
+    llc_dense)
         for s in $(echo $SEEDS | cut -d' ' -f1-3); do
-            out="$R/llc/ln/seed_$s"
-            finished "$out" || { echo "$out is not trained: run the llc lane first" >&2; status=1; continue; }
+            out="$R/llc_dense/ln/seed_$s"
+            run "$out" --preset ln --p 113 --lr 6e-4 --seed "$s" --epochs "$(epochs ln)" --early-stop 500 \
+                --checkpoints every:200
+            finished "$out" || continue
             echo "== $(date -Is) $out LLC at $BURNIN_LLC"
             "$py" -m geolens analyze --run "$out" --metrics llc --llc "$BURNIN_LLC" --steps "$(strided "$out")" \
-                --static '' --quiet --workers 2 --out "$out/analysis_burnin" > /dev/null || status=1
-            mkdir -p "results/landscape/llc_burnin_series/ln/seed_$s"
-            cp "$out/analysis_burnin/metrics.csv" "results/landscape/llc_burnin_series/ln/seed_$s/metrics.csv"
+                --static '' --quiet --workers 2 > /dev/null || status=1
+            mkdir -p "results/landscape/llc_dense/ln/seed_$s"
+            cp "$out/analysis/metrics.csv" "results/landscape/llc_dense/ln/seed_$s/metrics.csv"
         done ;;
-    *) echo "unknown lane $lane (muon llc llc_burnin)" >&2; exit 2 ;;
+    *) echo "unknown lane $lane (muon llc llc_dense)" >&2; exit 2 ;;
     esac
 done
 exit $status
