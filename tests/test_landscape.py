@@ -137,3 +137,36 @@ def test_llc_points_compares_two_presets_for_the_whole_model_and_each_component(
     assert "fb median 0.5 (3 runs) against ln 150 (3)" in lines[1] and all("p = 0.05" in line for line in lines)
     head = points.table(ln).splitlines()[0]
     assert head.startswith("| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | attn | mlp | sharpness")
+
+
+def test_llc_points_landmarks_and_series_figure_along_dense_series():
+    """llc_points.landmarks finds each run's largest stable estimate, the causal peak, the first estimate after it
+    below half of it and the last, all against the onset; unstable estimates are left out of the series, and the
+    figure holds the same series (per run, then all runs against epoch - onset)."""
+    import importlib.util
+    from pathlib import Path
+
+    from geolens.outputs.plots import Line, VLine
+
+    path = Path(__file__).resolve().parent.parent / "analyses" / "landscape" / "llc_points.py"
+    spec = importlib.util.spec_from_file_location("llc_points", path)
+    points = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(points)
+
+    def est(*values):
+        return {e: {"llc": v, "llc_stable": 0.0 if v < 0 else 1.0} for e, v in values}
+
+    # seed 1: a first maximum 8 at 20 (the causal peak: 4 falls back by more than a fifth of its rise), the
+    # largest 10 at 40, half of it crossed at 60; seed 2: an unstable estimate (-5 at 30) left out, no onset
+    runs = {1: (50, est((0, 1.0), (20, 8.0), (30, 4.0), (40, 10.0), (50, 6.0), (60, 4.0), (70, 2.0))),
+            2: (None, est((0, 2.0), (20, 3.0), (30, -5.0), (40, 2.5)))}
+    rows = points.landmarks(runs).splitlines()[2:]
+    assert rows[0] == "| 1 | 50 | 7 of 7 | 40 (-10): 10 | 20 (-30) | 60 (+10) | 70 (+20): 2 |"
+    assert rows[1] == "| 2 | - | 3 of 4 | 20: 3 | 20 | - | 40: 2.5 |"  # 2.5 falls back by half the rise
+    fig = points.series_figure(runs, "ln")
+    assert [p.title for p in fig.panels] == ["ln seed 1", "ln seed 2", "ln: every seed"]
+    first = fig.panels[0].traces
+    assert list(first[0].x) == [0, 20, 30, 40, 50, 60, 70] and isinstance(first[1], VLine) and first[1].x == 50
+    assert list(fig.panels[1].traces[0].x) == [0, 20, 40] and len(fig.panels[1].traces) == 1  # no onset, no line
+    together = [t for t in fig.panels[2].traces if isinstance(t, Line)]
+    assert len(together) == 1 and list(together[0].x) == [-50, -30, -20, -10, 0, 10, 20]

@@ -1,10 +1,11 @@
 """The LLC at the checkpoints of the llc lane's trajectories where it was estimated at one SGLD setting
 (docs/landscape.md), beside each run's onset, and two presets' estimates against each other.
 
-    python analyses/landscape/llc_points.py FOLDER [--against FOLDER_B] [--draws 20000] [--burnin 0]   # to stdout
+    python analyses/landscape/llc_points.py FOLDER [--against FOLDER_B] [--draws 20000] [--burnin 0] \
+        [--records results/landscape/records/llc]   # to stdout
 
 FOLDER holds seed_N/metrics.csv (`geolens analyze --metrics llc` tables) of one preset's runs, whose training
-records are results/landscape/records/llc/PRESET/seed_N (PRESET: FOLDER's name; their onset: the first evaluated
+records are RECORDS/PRESET/seed_N (PRESET: FOLDER's name; their onset: the first evaluated
 epoch with test accuracy > 0.95). One row per checkpoint whose LLC was estimated with `--draws` draws per chain
 after `--burnin` steps: the seed, the onset, the epoch and its distance to the onset, the LLC with its standard
 deviation over chains, whether the chains were stable (llc.judge), the components' LLCs where estimated, the
@@ -13,6 +14,11 @@ estimates, successive ones are compared across runs (paired by seed; an unstable
 next checkpoint estimated). --against adds, at each run's largest and last stable estimates, the exact one-sided
 Mann-Whitney test (scipy.stats, significance.smaller_than) that FOLDER_B's runs have the smaller LLC, for the
 whole model and each component estimated there.
+
+Along dense series (an estimate at every checkpoint), --landmarks prints one row per run instead: where its stable
+series peaks (the largest estimate, and the causal peak rule of `geolens precursors`) and falls (the first estimate
+after the largest below half of it) against the onset, and its last estimate; --figure DIR writes
+DIR/PRESET_llc_series.png and .svg (each run's stable series, its onset marked, and all runs against epoch - onset).
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import numpy as np
 from geolens.analysis.llc import COMPONENTS, stable_word, usable
 from geolens.analysis.significance import fmt_p, smaller_than, wilcoxon_less
 from geolens.analysis.trajectory import read_table
+from geolens.outputs.plots import PALETTE, FigureSpec, Line, Panel, VLine, save_static
 from geolens.outputs.tables import Rule
+from geolens.runs.precursor_events import event_epoch
 from geolens.runs.run import load_run
 
 RULE = Rule()  # test accuracy > 0.95
@@ -118,6 +126,54 @@ def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> s
     return "\n".join(lines) + "\n"
 
 
+def stable_series(points: dict[int, dict[str, float]]) -> tuple[list[int], list[float]]:
+    """The epochs and LLCs of a run's stable estimates, in epoch order."""
+    kept = [e for e in sorted(points) if usable(points[e])]
+    return kept, [points[e]["llc"] for e in kept]
+
+
+def landmarks(est: Estimates) -> str:
+    """One row per run: its onset, its stable estimates out of all, the largest (epoch, epoch - onset, LLC), the
+    causal peak (precursor_events 'peak': the running maximum once the series falls back by a fifth of its rise),
+    the fall (the first estimate after the largest below half of it) and the last estimate."""
+
+    def at(epoch: int | None, onset: int | None, value: float | None = None) -> str:
+        if epoch is None:
+            return "-"
+        rel = "" if onset is None else f" ({epoch - onset:+,})"
+        return f"{epoch:,}{rel}" + ("" if value is None else f": {value:.4g}")
+
+    lines = ["| seed | onset | stable estimates | largest (epoch - onset): LLC | causal peak | "
+             "first below half the largest | last: LLC |", "| --- " * 7 + "|"]
+    for seed, (onset, points) in est.items():
+        epochs, llcs = stable_series(points)
+        if not epochs:
+            lines.append(f"| {seed} | {'-' if onset is None else f'{onset:,}'} | 0 of {len(points)} | - | - | - | - |")
+            continue
+        top = int(np.argmax(llcs))
+        fall = next((e for e, v in zip(epochs[top:], llcs[top:]) if v < llcs[top] / 2), None)
+        lines.append(f"| {seed} | {'-' if onset is None else f'{onset:,}'} | {len(epochs)} of {len(points)} | "
+                     f"{at(epochs[top], onset, llcs[top])} | {at(event_epoch(epochs, llcs, 'peak'), onset)} | "
+                     f"{at(fall, onset)} | {at(epochs[-1], onset, llcs[-1])} |")
+    return "\n".join(lines) + "\n"
+
+
+def series_figure(est: Estimates, preset: str) -> FigureSpec:
+    """A panel per run (its stable LLC series, the onset a vertical line) and one of every run against
+    epoch - onset."""
+    panels, together = [], []
+    for i, (seed, (onset, points)) in enumerate(est.items()):
+        epochs, llcs = stable_series(points)
+        color = PALETTE[i % len(PALETTE)]
+        traces = [Line(epochs, llcs, f"seed {seed}", mode="lines+markers", color=color)]
+        if onset is not None:
+            traces.append(VLine(onset, "onset"))
+            together.append(Line([e - onset for e in epochs], llcs, f"seed {seed}", mode="lines+markers", color=color))
+        panels.append(Panel(f"{preset} seed {seed}", traces, "epoch", "LLC"))
+    panels.append(Panel(f"{preset}: every seed", [*together, VLine(0, "onset")], "epoch - onset", "LLC"))
+    return FigureSpec(f"{preset}_llc_series", f"{preset}: the LLC along each trajectory (stable estimates)", panels)
+
+
 def report(folder: Path, draws: int, other: Path | None = None, records: Path = RECORDS, burnin: int = 0) -> str:
     """What the command prints: the table, the successive estimates' test, and the test against `other`."""
     est = estimates(folder, draws, records, burnin)
@@ -136,8 +192,18 @@ def main(argv=None) -> None:
     ap.add_argument("--against", type=Path, help="another preset's folder: test its LLC against FOLDER's")
     ap.add_argument("--draws", type=int, default=20000, help="draws per chain of the estimates to show")
     ap.add_argument("--burnin", type=int, default=0, help="their burn-in steps per chain (the llc setting burnin)")
+    ap.add_argument("--records", type=Path, default=RECORDS, help="folder of PRESET/seed_N training records")
+    ap.add_argument("--landmarks", action="store_true", help="one row per run (where the LLC peaks and falls)")
+    ap.add_argument("--figure", type=Path, help="write DIR/PRESET_llc_series.png and .svg")
     args = ap.parse_args(argv)
-    sys.stdout.write(report(args.folder, args.draws, args.against, burnin=args.burnin))
+    if args.landmarks or args.figure:
+        est = estimates(args.folder, args.draws, args.records, args.burnin)
+        if args.figure:
+            save_static(series_figure(est, args.folder.name), args.figure)
+        if args.landmarks:
+            sys.stdout.write(landmarks(est))
+        return
+    sys.stdout.write(report(args.folder, args.draws, args.against, args.records, args.burnin))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@
 #                step diverges at LayerNorm's sharpness: docs/landscape.md, Calibration)
 #   lane llc_dense  ln, seeds 1-3: the llc lane's training anew into $R/llc_dense (its own runs: the llc lane's
 #                records name another machine, whose float order they need), then the whole-model LLC at the
-#                burn-in setting (BURNIN_LLC) at every STRIDE-th checkpoint and the last (STRIDE=1, the default:
-#                every checkpoint), `geolens analyze --workers 2`
+#                burn-in setting (BURNIN_LLC) and the losses at every STRIDE-th checkpoint and the last (STRIDE=1,
+#                the default: every checkpoint), `geolens analyze --workers 2`
 # Records (run.json, metrics.csv, events.json) go to results/landscape/records, the analysis tables to
 # results/landscape/<lane>/<run>/metrics.csv. SEEDS="1 2" narrows the seeds, PRESETS="fb sphere" the presets of
 # both lanes to those named. DEVICE=cuda (or cpu) trains the muon lane stacked instead: each preset and optimizer's seeds
@@ -105,7 +105,7 @@ for lane in "${lanes[@]}"; do
                 --checkpoints every:200
             finished "$out" || continue
             echo "== $(date -Is) $out LLC at $BURNIN_LLC"
-            "$py" -m geolens analyze --run "$out" --metrics llc --llc "$BURNIN_LLC" --steps "$(strided "$out")" \
+            "$py" -m geolens analyze --run "$out" --metrics llc,loss --llc "$BURNIN_LLC" --steps "$(strided "$out")" \
                 --static '' --quiet --workers 2 > /dev/null || status=1
             mkdir -p "results/landscape/llc_dense/ln/seed_$s"
             cp "$out/analysis/metrics.csv" "results/landscape/llc_dense/ln/seed_$s/metrics.csv"
