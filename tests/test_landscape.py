@@ -140,9 +140,10 @@ def test_llc_points_compares_two_presets_for_the_whole_model_and_each_component(
 
 
 def test_llc_points_landmarks_and_series_figure_along_dense_series():
-    """llc_points.landmarks finds each run's largest stable estimate, the causal peak, the first estimate after it
-    below half of it and the last, all against the onset; unstable estimates are left out of the series, and the
-    figure holds the same series (per run, then all runs against epoch - onset)."""
+    """llc_points.landmarks finds each run's largest estimate, the causal peak, where the series stays below half
+    the largest and the last estimate, all against the onset; unstable estimates and checkpoints that do not fit
+    the training set (a loss spike) are left out of the series, and the figure holds the same series (per run,
+    then all runs against epoch - onset) beside each run's recorded losses."""
     import importlib.util
     from pathlib import Path
 
@@ -154,19 +155,24 @@ def test_llc_points_landmarks_and_series_figure_along_dense_series():
     spec.loader.exec_module(points)
 
     def est(*values):
-        return {e: {"llc": v, "llc_stable": 0.0 if v < 0 else 1.0} for e, v in values}
+        return {e: {"llc": v, "llc_stable": 0.0 if v < 0 else 1.0, "acc_train": acc} for e, v, acc in values}
 
     # seed 1: a first maximum 8 at 20 (the causal peak: 4 falls back by more than a fifth of its rise), the
-    # largest 10 at 40, half of it crossed at 60; seed 2: an unstable estimate (-5 at 30) left out, no onset
-    runs = {1: (50, est((0, 1.0), (20, 8.0), (30, 4.0), (40, 10.0), (50, 6.0), (60, 4.0), (70, 2.0))),
-            2: (None, est((0, 2.0), (20, 3.0), (30, -5.0), (40, 2.5)))}
+    # largest 10 at 40, below half of it for good from 70 (60 dips, 65 comes back above 5); the estimate at 35
+    # sits in a loss spike (training accuracy 0.6) and is left out. seed 2: -5 at 30 is unstable; no onset
+    runs = {1: (50, est((0, 1.0, 1.0), (20, 8.0, 1.0), (30, 4.0, 1.0), (35, 0.5, 0.6), (40, 10.0, 1.0),
+                        (50, 6.0, 1.0), (60, 4.0, 1.0), (65, 5.5, 1.0), (70, 2.0, 1.0), (80, 3.0, 1.0))),
+            2: (None, est((0, 2.0, 1.0), (20, 3.0, 1.0), (30, -5.0, 1.0), (40, 2.5, 1.0)))}
     rows = points.landmarks(runs).splitlines()[2:]
-    assert rows[0] == "| 1 | 50 | 7 of 7 | 40 (-10): 10 | 20 (-30) | 60 (+10) | 70 (+20): 2 |"
+    assert rows[0] == "| 1 | 50 | 9 of 10 | 40 (-10): 10 | 20 (-30) | 70 (+20) | 80 (+30): 3 |"
     assert rows[1] == "| 2 | - | 3 of 4 | 20: 3 | 20 | - | 40: 2.5 |"  # 2.5 falls back by half the rise
-    fig = points.series_figure(runs, "ln")
-    assert [p.title for p in fig.panels] == ["ln seed 1", "ln seed 2", "ln: every seed"]
+    curves = {1: [{"epoch": 0, "train_loss": 5.0, "test_loss": 5.0}, {"epoch": 80, "train_loss": 0.1, "test_loss": 0.2}]}
+    fig = points.series_figure(runs, "ln", curves)
+    assert [p.title for p in fig.panels] == ["ln seed 1: LLC", "ln seed 2: LLC", "ln seed 1: losses", "ln: every seed"]
     first = fig.panels[0].traces
-    assert list(first[0].x) == [0, 20, 30, 40, 50, 60, 70] and isinstance(first[1], VLine) and first[1].x == 50
+    assert list(first[0].x) == [0, 20, 30, 40, 50, 60, 65, 70, 80] and isinstance(first[1], VLine) and first[1].x == 50
     assert list(fig.panels[1].traces[0].x) == [0, 20, 40] and len(fig.panels[1].traces) == 1  # no onset, no line
-    together = [t for t in fig.panels[2].traces if isinstance(t, Line)]
-    assert len(together) == 1 and list(together[0].x) == [-50, -30, -20, -10, 0, 10, 20]
+    losses = fig.panels[2]
+    assert losses.logy and [list(t.y) for t in losses.traces[:2]] == [[5.0, 0.1], [5.0, 0.2]]
+    together = [t for t in fig.panels[3].traces if isinstance(t, Line)]
+    assert len(together) == 1 and list(together[0].x) == [-50, -30, -20, -10, 0, 10, 15, 20, 30]

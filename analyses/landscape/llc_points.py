@@ -15,10 +15,11 @@ next checkpoint estimated). --against adds, at each run's largest and last stabl
 Mann-Whitney test (scipy.stats, significance.smaller_than) that FOLDER_B's runs have the smaller LLC, for the
 whole model and each component estimated there.
 
-Along dense series (an estimate at every checkpoint), --landmarks prints one row per run instead: where its stable
-series peaks (the largest estimate, and the causal peak rule of `geolens precursors`) and falls (the first estimate
-after the largest below half of it) against the onset, and its last estimate; --figure DIR writes
-DIR/PRESET_llc_series.png and .svg (each run's stable series, its onset marked, and all runs against epoch - onset).
+Along dense series (an estimate at every checkpoint), --landmarks prints one row per run instead: where its series
+(stable estimates at checkpoints fitting the training set) peaks (the largest estimate, and the causal peak rule of
+`geolens precursors`) and falls (from where on it stays below half the largest) against the onset, and its last
+estimate; --figure DIR writes DIR/PRESET_llc_series.png and .svg (each run's series with its onset, its training
+record's losses, and all runs' series against epoch - onset).
 """
 
 from __future__ import annotations
@@ -126,16 +127,21 @@ def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> s
     return "\n".join(lines) + "\n"
 
 
+FITTED = 0.99  # a checkpoint with a lower training accuracy is no minimum (inside a loss spike, or unfitted)
+
+
 def stable_series(points: dict[int, dict[str, float]]) -> tuple[list[int], list[float]]:
-    """The epochs and LLCs of a run's stable estimates, in epoch order."""
-    kept = [e for e in sorted(points) if usable(points[e])]
+    """The epochs and LLCs of a run's stable estimates at checkpoints that fit the training set (training
+    accuracy >= FITTED where the `loss` metric was recorded: the LLC measures a minimum), in epoch order."""
+    kept = [e for e in sorted(points) if usable(points[e]) and points[e].get("acc_train", 1.0) >= FITTED]
     return kept, [points[e]["llc"] for e in kept]
 
 
 def landmarks(est: Estimates) -> str:
-    """One row per run: its onset, its stable estimates out of all, the largest (epoch, epoch - onset, LLC), the
-    causal peak (precursor_events 'peak': the running maximum once the series falls back by a fifth of its rise),
-    the fall (the first estimate after the largest below half of it) and the last estimate."""
+    """One row per run: its onset, its series (stable_series) out of all estimates, the largest (epoch,
+    epoch - onset, LLC), the causal peak (precursor_events 'peak': the running maximum once the series falls back
+    by a fifth of its rise), the fall (the first estimate after the largest from which on every estimate stays
+    below half of it) and the last estimate."""
 
     def at(epoch: int | None, onset: int | None, value: float | None = None) -> str:
         if epoch is None:
@@ -143,35 +149,43 @@ def landmarks(est: Estimates) -> str:
         rel = "" if onset is None else f" ({epoch - onset:+,})"
         return f"{epoch:,}{rel}" + ("" if value is None else f": {value:.4g}")
 
-    lines = ["| seed | onset | stable estimates | largest (epoch - onset): LLC | causal peak | "
-             "first below half the largest | last: LLC |", "| --- " * 7 + "|"]
+    lines = ["| seed | onset | series (of all estimates) | largest (epoch - onset): LLC | causal peak | "
+             "below half the largest from | last: LLC |", "| --- " * 7 + "|"]
     for seed, (onset, points) in est.items():
         epochs, llcs = stable_series(points)
         if not epochs:
             lines.append(f"| {seed} | {'-' if onset is None else f'{onset:,}'} | 0 of {len(points)} | - | - | - | - |")
             continue
         top = int(np.argmax(llcs))
-        fall = next((e for e, v in zip(epochs[top:], llcs[top:]) if v < llcs[top] / 2), None)
+        fall = next((epochs[k] for k in range(top + 1, len(epochs)) if max(llcs[k:]) < llcs[top] / 2), None)
         lines.append(f"| {seed} | {'-' if onset is None else f'{onset:,}'} | {len(epochs)} of {len(points)} | "
                      f"{at(epochs[top], onset, llcs[top])} | {at(event_epoch(epochs, llcs, 'peak'), onset)} | "
                      f"{at(fall, onset)} | {at(epochs[-1], onset, llcs[-1])} |")
     return "\n".join(lines) + "\n"
 
 
-def series_figure(est: Estimates, preset: str) -> FigureSpec:
-    """A panel per run (its stable LLC series, the onset a vertical line) and one of every run against
-    epoch - onset."""
-    panels, together = [], []
+def series_figure(est: Estimates, preset: str, curves: dict[int, list[dict[str, float]]] | None = None) -> FigureSpec:
+    """A column per run: its LLC series (stable_series, the onset a vertical line) and, from its training record
+    (`curves`: seed -> metrics rows), its train and test loss; then one panel of every run against epoch - onset."""
+    top, below, together = [], [], []
     for i, (seed, (onset, points)) in enumerate(est.items()):
         epochs, llcs = stable_series(points)
         color = PALETTE[i % len(PALETTE)]
-        traces = [Line(epochs, llcs, f"seed {seed}", mode="lines+markers", color=color)]
+        onset_line = [] if onset is None else [VLine(onset, "onset")]
+        top.append(Panel(f"{preset} seed {seed}: LLC", [Line(epochs, llcs, f"seed {seed}", mode="lines+markers",
+                                                               color=color), *onset_line], "epoch", "LLC"))
+        if curves is not None and seed in curves:
+            rows = curves[seed]
+            x = [r["epoch"] for r in rows]
+            below.append(Panel(f"{preset} seed {seed}: losses", [
+                Line(x, [r["train_loss"] for r in rows], "train loss", color=color),
+                Line(x, [r["test_loss"] for r in rows], "test loss", color=color, dash=True), *onset_line],
+                "epoch", "loss", logy=True))
         if onset is not None:
-            traces.append(VLine(onset, "onset"))
             together.append(Line([e - onset for e in epochs], llcs, f"seed {seed}", mode="lines+markers", color=color))
-        panels.append(Panel(f"{preset} seed {seed}", traces, "epoch", "LLC"))
-    panels.append(Panel(f"{preset}: every seed", [*together, VLine(0, "onset")], "epoch - onset", "LLC"))
-    return FigureSpec(f"{preset}_llc_series", f"{preset}: the LLC along each trajectory (stable estimates)", panels)
+    every = Panel(f"{preset}: every seed", [*together, VLine(0, "onset")], "epoch - onset", "LLC")
+    return FigureSpec(f"{preset}_llc_series", f"{preset}: the LLC along each trajectory (stable estimates at "
+                      "fitted checkpoints)", [*top, *below, every], cols=max(len(top), 1))
 
 
 def report(folder: Path, draws: int, other: Path | None = None, records: Path = RECORDS, burnin: int = 0) -> str:
@@ -199,7 +213,8 @@ def main(argv=None) -> None:
     if args.landmarks or args.figure:
         est = estimates(args.folder, args.draws, args.records, args.burnin)
         if args.figure:
-            save_static(series_figure(est, args.folder.name), args.figure)
+            curves = {seed: load_run(args.records / args.folder.name / f"seed_{seed}").metrics for seed in est}
+            save_static(series_figure(est, args.folder.name, curves), args.figure)
         if args.landmarks:
             sys.stdout.write(landmarks(est))
         return
