@@ -16,7 +16,7 @@ Mann-Whitney test (scipy.stats, significance.smaller_than) that FOLDER_B's runs 
 whole model and each component estimated there.
 
 Along dense series (an estimate at every checkpoint), --landmarks prints one row per run instead: where its series
-(stable estimates at checkpoints fitting the training set) peaks (the largest estimate, and the causal peak rule of
+(stable estimates, those inside a loss spike left out) peaks (the largest estimate, and the causal peak rule of
 `geolens precursors`) and falls (from where on it stays below half the largest) against the onset, and its last
 estimate; --figure DIR writes DIR/PRESET_llc_series.png and .svg (each run's series with its onset, its training
 record's losses, and all runs' series against epoch - onset).
@@ -127,13 +127,21 @@ def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> s
     return "\n".join(lines) + "\n"
 
 
-FITTED = 0.99  # a checkpoint with a lower training accuracy is no minimum (inside a loss spike, or unfitted)
+FITTED = 0.99  # training accuracy of a fitted checkpoint
 
 
 def stable_series(points: dict[int, dict[str, float]]) -> tuple[list[int], list[float]]:
-    """The epochs and LLCs of a run's stable estimates at checkpoints that fit the training set (training
-    accuracy >= FITTED where the `loss` metric was recorded: the LLC measures a minimum), in epoch order."""
-    kept = [e for e in sorted(points) if usable(points[e]) and points[e].get("acc_train", 1.0) >= FITTED]
+    """The epochs and LLCs of a run's stable estimates, in epoch order, without those at checkpoints inside a loss
+    spike (training accuracy below FITTED after an earlier estimated checkpoint reached it, where the `loss`
+    metric was recorded): a spike is no minimum for the LLC to measure."""
+    kept, fitted = [], False
+    for e in sorted(points):
+        acc = points[e].get("acc_train")
+        if acc is not None and acc < FITTED and fitted:
+            continue
+        fitted = fitted or (acc is not None and acc >= FITTED)
+        if usable(points[e]):
+            kept.append(e)
     return kept, [points[e]["llc"] for e in kept]
 
 
@@ -184,8 +192,8 @@ def series_figure(est: Estimates, preset: str, curves: dict[int, list[dict[str, 
         if onset is not None:
             together.append(Line([e - onset for e in epochs], llcs, f"seed {seed}", mode="lines+markers", color=color))
     every = Panel(f"{preset}: every seed", [*together, VLine(0, "onset")], "epoch - onset", "LLC")
-    return FigureSpec(f"{preset}_llc_series", f"{preset}: the LLC along each trajectory (stable estimates at "
-                      "fitted checkpoints)", [*top, *below, every], cols=max(len(top), 1))
+    return FigureSpec(f"{preset}_llc_series", f"{preset}: the LLC along each trajectory (stable estimates outside "
+                      "loss spikes)", [*top, *below, every], cols=max(len(top), 1))
 
 
 def report(folder: Path, draws: int, other: Path | None = None, records: Path = RECORDS, burnin: int = 0) -> str:
