@@ -78,6 +78,10 @@ def test_the_committed_landscape_tables_are_what_their_records_give(monkeypatch)
     parts = Path("results") / "landscape" / "llc_components"
     assert points.report(parts / "ln", 2000, parts / "fb", burnin=4000) == (parts / "ln_components.md").read_text()
     assert points.report(parts / "fb", 2000, burnin=4000) == (parts / "fb_components.md").read_text()
+    dense, dense_records = Path("results") / "landscape" / "llc_dense", Path("results/landscape/records/llc_dense")
+    assert points.report(dense / "ln", 2000, records=dense_records, burnin=4000) == (dense / "ln_llc_points.md").read_text()
+    assert points.landmarks(points.estimates(dense / "ln", 2000, dense_records, 4000)) == (
+        dense / "ln_landmarks.md").read_text()
     common = root / "results" / "landscape" / "llc_common"
     assert load(root / "analyses" / "landscape" / "llc_common_table.py").table(common) == (common / "llc_common.md").read_text()
     text = (root / "docs" / "landscape.md").read_text()
@@ -142,8 +146,8 @@ def test_llc_points_compares_two_presets_for_the_whole_model_and_each_component(
 def test_llc_points_landmarks_and_series_figure_along_dense_series():
     """llc_points.landmarks finds each run's largest estimate, the causal peak, where the series stays below half
     the largest and the last estimate, all against the onset; unstable estimates and checkpoints inside a loss
-    spike (no longer fitting the training set) are left out of the series, and the figure holds the same series (per run,
-    then all runs against epoch - onset) beside each run's recorded losses."""
+    spike (no longer fitting the training set) are left out of the series, and the figure holds the same series
+    (per run, then all runs against epoch - onset) beside each run's recorded losses."""
     import importlib.util
     from pathlib import Path
 
