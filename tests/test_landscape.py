@@ -159,15 +159,15 @@ def test_llc_points_landmarks_and_series_figure_along_dense_series():
     spec.loader.exec_module(points)
 
     def est(*values):
-        return {e: {"llc": v, "llc_stable": 0.0 if v < 0 else 1.0, "acc_train": acc} for e, v, acc in values}
+        return {e: {"llc": v, "llc_stable": 0.0 if v < 0 else 1.0, "in_loss_spike": spike} for e, v, spike in values}
 
     # seed 1: a first maximum 8 at 20 (the causal peak: 4 falls back by more than a fifth of its rise), the
     # largest 10 at 40, below half of it for good from 70 (60 dips, 65 comes back above 5); the estimate at 35
-    # sits in a loss spike (training accuracy 0.6 after 1.0) and is left out, not the unfitted one at 0 (0.5)
+    # sits in a loss spike and is left out
     # seed 2: -5 at 30 is unstable; no onset
-    runs = {1: (50, est((0, 1.0, 0.5), (20, 8.0, 1.0), (30, 4.0, 1.0), (35, 0.5, 0.6), (40, 10.0, 1.0),
-                        (50, 6.0, 1.0), (60, 4.0, 1.0), (65, 5.5, 1.0), (70, 2.0, 1.0), (80, 3.0, 1.0))),
-            2: (None, est((0, 2.0, 1.0), (20, 3.0, 1.0), (30, -5.0, 1.0), (40, 2.5, 1.0)))}
+    runs = {1: (50, est((0, 1.0, 0.0), (20, 8.0, 0.0), (30, 4.0, 0.0), (35, 0.5, 1.0), (40, 10.0, 0.0),
+                        (50, 6.0, 0.0), (60, 4.0, 0.0), (65, 5.5, 0.0), (70, 2.0, 0.0), (80, 3.0, 0.0))),
+            2: (None, est((0, 2.0, 0.0), (20, 3.0, 0.0), (30, -5.0, 0.0), (40, 2.5, 0.0)))}
     rows = points.landmarks(runs).splitlines()[2:]
     assert rows[0] == "| 1 | 50 | 9 of 10 | 40 (-10): 10 | 20 (-30) | 70 (+20) | 80 (+30): 3 |"
     assert rows[1] == "| 2 | - | 3 of 4 | 20: 3 | 20 | - | 40: 2.5 |"  # 2.5 falls back by half the rise

@@ -203,3 +203,16 @@ def test_burn_in_steps_are_left_out_of_the_estimate_and_the_trace():
     assert LLCSettings.parse("burnin=5000,draws=2000") == replace(LLCSettings(), burnin=5000, draws=2000)
     with pytest.raises(GeoError, match="LLC setting burnin='-1' must be a whole number of at least 0"):
         LLCSettings.parse("burnin=-1")
+
+
+def test_loss_spikes_are_the_records_rows_that_lost_the_training_set_after_fitting_it():
+    """A row is inside a loss spike when its training accuracy is below FITTED after an earlier row reached it:
+    rows before the first fit (memorising) are none, rows without the accuracy are skipped, order is by epoch."""
+    from geolens.analysis.llc import FITTED, loss_spikes
+
+    rows = [{"epoch": 0, "train_acc": 0.01}, {"epoch": 10, "train_acc": 0.5}, {"epoch": 30, "train_acc": 0.6},
+            {"epoch": 20, "train_acc": FITTED}, {"epoch": 40}, {"epoch": 50, "train_acc": 1.0},
+            {"epoch": 60, "train_acc": 0.2}, {"epoch": 70, "train_acc": 0.999}]
+    assert loss_spikes(rows) == {30, 60}
+    assert loss_spikes([{"epoch": 5, "acc_train": 1.0}, {"epoch": 9, "acc_train": 0.9}], acc="acc_train") == {9}
+    assert loss_spikes(rows[:2]) == set()

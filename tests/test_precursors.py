@@ -177,7 +177,8 @@ def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, mon
 
 def test_the_llc_joins_the_precursors_where_checkpoints_are_dense_enough(tmp_path, monkeypatch):
     """A run whose analysis cache holds the LLC at enough checkpoints gets an `llc` series at those epochs (its
-    peak rule then gives the event); with fewer than MIN_CHECKPOINTS it gets none."""
+    peak rule then gives the event); with fewer than MIN_CHECKPOINTS it gets none; unstable estimates, estimates at
+    a less shared setting and those inside a loss spike are left out."""
     from geolens.analysis import precursors as prec
     from geolens.analysis import trajectory
     from geolens.model.config import make_config
@@ -206,4 +207,12 @@ def test_the_llc_joins_the_precursors_where_checkpoints_are_dense_enough(tmp_pat
                         lambda r, step, names: {"llc": judged[step]} if step in judged else {})
     rows = prec.series_rows(run)
     assert [int(r["epoch"]) for r in rows if "llc" in r] == [0, 10, 20, 40, 50, 60, 70]
+    assert prec.run_events(run)["llc"] == 40
+    # so is an estimate at a checkpoint inside a loss spike of the record (training accuracy lost after it was
+    # reached: 30), not one before the first fit (0)
+    run.metrics = [{**r, "train_acc": 0.5 if int(r["epoch"]) in (0, 30) else 1.0} for r in run.metrics]
+    monkeypatch.setattr(trajectory, "cached_metrics",
+                        lambda r, step, names: {"llc": {"llc": llc[step]}} if step in llc else {})
+    rows = prec.series_rows(run)
+    assert [int(r["epoch"]) for r in rows if "llc" in r] == [0, 10, 20, 40, 50, 60, 70, 80]
     assert prec.run_events(run)["llc"] == 40

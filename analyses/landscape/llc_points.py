@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from geolens.analysis.llc import COMPONENTS, stable_word, usable
+from geolens.analysis.llc import COMPONENTS, loss_spikes, stable_word, usable
 from geolens.analysis.significance import fmt_p, smaller_than, wilcoxon_less
 from geolens.analysis.trajectory import read_table
 from geolens.outputs.plots import PALETTE, FigureSpec, Line, Panel, VLine, save_static
@@ -46,12 +46,13 @@ Estimates = dict[int, tuple[int | None, dict[int, dict[str, float]]]]  # {seed: 
 
 
 def estimates(folder: Path, draws: int, records: Path = RECORDS, burnin: int = 0) -> Estimates:
-    """The checkpoints under folder whose LLC has `draws` draws per chain after `burnin` steps, with each run's
-    onset."""
+    """The checkpoints under folder whose LLC has `draws` draws per chain after `burnin` steps (each marked
+    `in_loss_spike` 1.0 where its training record says so: llc.loss_spikes), with each run's onset."""
     out = {}
     for run in sorted(folder.glob("seed_*"), key=lambda p: int(p.name.split("_")[1])):
-        onset = RULE.onset(load_run(records / folder.name / run.name).metrics)
-        points = {e: v for e, v in read_table(run / "metrics.csv").items()
+        record = load_run(records / folder.name / run.name).metrics
+        onset, spikes = RULE.onset(record), loss_spikes(record)
+        points = {e: {**v, "in_loss_spike": float(e in spikes)} for e, v in read_table(run / "metrics.csv").items()
                   if v.get("llc_setting_draws") == draws and v.get("llc_setting_burnin", 0) == burnin}
         out[int(run.name.split("_")[1])] = (onset, points)
     return out
@@ -127,21 +128,10 @@ def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> s
     return "\n".join(lines) + "\n"
 
 
-FITTED = 0.99  # training accuracy of a fitted checkpoint
-
-
 def stable_series(points: dict[int, dict[str, float]]) -> tuple[list[int], list[float]]:
     """The epochs and LLCs of a run's stable estimates, in epoch order, without those at checkpoints inside a loss
-    spike (training accuracy below FITTED after an earlier estimated checkpoint reached it, where the `loss`
-    metric was recorded): a spike is no minimum for the LLC to measure."""
-    kept, fitted = [], False
-    for e in sorted(points):
-        acc = points[e].get("acc_train")
-        if acc is not None and acc < FITTED and fitted:
-            continue
-        fitted = fitted or (acc is not None and acc >= FITTED)
-        if usable(points[e]):
-            kept.append(e)
+    spike (`in_loss_spike`, estimates): a spike is no minimum for the LLC to measure."""
+    kept = [e for e in sorted(points) if not points[e].get("in_loss_spike") and usable(points[e])]
     return kept, [points[e]["llc"] for e in kept]
 
 

@@ -215,6 +215,25 @@ def usable(values: dict[str, float]) -> bool:
     return values.get("llc_stable", 1.0) == 1.0
 
 
+#: training accuracy of a checkpoint that fits its training set
+FITTED = 0.99
+
+
+def loss_spikes(rows: list[dict[str, float]], acc: str = "train_acc") -> set[int]:
+    """Epochs of a training record's rows (each with `epoch` and the training accuracy `acc`) inside a loss spike:
+    training accuracy below FITTED after an earlier row reached it. The weights there sit at no minimum of the
+    training loss, so an LLC estimated there measures none; rows before the first fit are no spike."""
+    spikes, fitted = set(), False
+    for r in sorted(rows, key=lambda r: r["epoch"]):
+        a = r.get(acc)
+        if a is None:
+            continue
+        if a < FITTED and fitted:
+            spikes.add(int(r["epoch"]))
+        fitted = fitted or a >= FITTED
+    return spikes
+
+
 def stable_word(values: dict[str, float]) -> str:
     """A recorded estimate's judgement in a table: 'yes', 'no', or '-' where it was not judged."""
     return "-" if "llc_stable" not in values else ("yes" if values["llc_stable"] == 1.0 else "no")

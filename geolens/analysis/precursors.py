@@ -105,13 +105,17 @@ MIN_CHECKPOINTS = 5
 
 def llc_series(run: Run) -> dict[int, float]:
     """{epoch: LLC} at the run's checkpoints from the analysis cache (valid for the checkpoint and the metric's
-    version): estimates judged stable or not judged (llc_stable absent: cached before it was recorded), at the one
-    SGLD setting most of them share, since estimates at different settings are not comparable."""
-    from geolens.analysis.llc import usable
+    version): estimates judged stable or not judged (llc_stable absent: cached before it was recorded), outside the
+    training record's loss spikes (llc.loss_spikes: no minimum to measure), at the one SGLD setting most of them
+    share, since estimates at different settings are not comparable."""
+    from geolens.analysis.llc import loss_spikes, usable
     from geolens.analysis.trajectory import cached_metrics
 
+    spikes = loss_spikes(run.metrics)
     by_setting: dict[tuple, dict[int, float]] = {}
     for step in run.steps:
+        if step in spikes:
+            continue
         values = cached_metrics(run, step, ["llc"]).get("llc")
         if values is None or not usable(values):
             continue
