@@ -10,10 +10,10 @@
 #                fb `--metrics llc,sharpness,loss` (the LLC, its components and the sharpness along the trajectory;
 #                `geolens precursors` then reads the LLC as a precursor), ln `--metrics sharpness,loss` (DEFAULT_LLC's
 #                step diverges at LayerNorm's sharpness: docs/landscape.md, Calibration)
-#   lane llc_dense  ln, seeds 1-3: the llc lane's training anew into $R/llc_dense (its own runs: the llc lane's
-#                records name another machine, whose float order they need), then the whole-model LLC at the
-#                burn-in setting (BURNIN_LLC) and the losses at every STRIDE-th checkpoint and the last (STRIDE=1,
-#                the default: every checkpoint), `geolens analyze --workers 2`
+#   lane llc_dense  ln and fb, seeds 1-3: the llc lane's training anew into $R/llc_dense (its own runs: the llc
+#                lane's records name another machine, whose float order they need), then the whole-model LLC at the
+#                burn-in setting (BURNIN_LLC, one setting for both) and the losses at every STRIDE-th checkpoint and
+#                the last (STRIDE=1, the default: every checkpoint), `geolens analyze --workers 2`
 # Records (run.json, metrics.csv, events.json) go to results/landscape/records, the analysis tables to
 # results/landscape/<lane>/<run>/metrics.csv. SEEDS="1 2" narrows the seeds, PRESETS="fb sphere" the presets of
 # both lanes to those named. DEVICE=cuda (or cpu) trains the muon lane stacked instead: each preset and optimizer's seeds
@@ -100,15 +100,17 @@ for lane in "${lanes[@]}"; do
         done ;;
     llc_dense)
         for s in $(echo $SEEDS | cut -d' ' -f1-3); do
-            out="$R/llc_dense/ln/seed_$s"
-            run "$out" --preset ln --p 113 --lr 6e-4 --seed "$s" --epochs "$(epochs ln)" --early-stop 500 \
-                --checkpoints every:200
-            finished "$out" || continue
-            echo "== $(date -Is) $out LLC at $BURNIN_LLC"
-            "$py" -m geolens analyze --run "$out" --metrics llc,loss --llc "$BURNIN_LLC" --steps "$(strided "$out")" \
-                --static '' --quiet --workers 2 > /dev/null || status=1
-            mkdir -p "results/landscape/llc_dense/ln/seed_$s"
-            cp "$out/analysis/metrics.csv" "results/landscape/llc_dense/ln/seed_$s/metrics.csv"
+            for preset in $(pick ln fb); do
+                out="$R/llc_dense/$preset/seed_$s"
+                run "$out" --preset "$preset" --p 113 --lr 6e-4 --seed "$s" --epochs "$(epochs "$preset")" \
+                    --early-stop 500 --checkpoints every:200
+                finished "$out" || continue
+                echo "== $(date -Is) $out LLC at $BURNIN_LLC"
+                "$py" -m geolens analyze --run "$out" --metrics llc,loss --llc "$BURNIN_LLC" \
+                    --steps "$(strided "$out")" --static '' --quiet --workers 2 > /dev/null || status=1
+                mkdir -p "results/landscape/llc_dense/$preset/seed_$s"
+                cp "$out/analysis/metrics.csv" "results/landscape/llc_dense/$preset/seed_$s/metrics.csv"
+            done
         done ;;
     *) echo "unknown lane $lane (muon llc llc_dense)" >&2; exit 2 ;;
     esac
