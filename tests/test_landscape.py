@@ -79,14 +79,16 @@ def test_the_committed_landscape_tables_are_what_their_records_give(monkeypatch)
     assert points.report(parts / "ln", 2000, parts / "fb", burnin=4000) == (parts / "ln_components.md").read_text()
     assert points.report(parts / "fb", 2000, burnin=4000) == (parts / "fb_components.md").read_text()
     dense, dense_records = Path("results") / "landscape" / "llc_dense", Path("results/landscape/records/llc_dense")
-    assert points.report(dense / "ln", 2000, records=dense_records, burnin=4000) == (dense / "ln_llc_points.md").read_text()
-    assert points.landmarks(points.estimates(dense / "ln", 2000, dense_records, 4000)) == (
-        dense / "ln_landmarks.md").read_text()
+    assert points.report(dense / "ln", 2000, dense / "fb", dense_records, 4000) == (dense / "ln_llc_points.md").read_text()
+    assert points.report(dense / "fb", 2000, records=dense_records, burnin=4000) == (dense / "fb_llc_points.md").read_text()
+    for preset in ("ln", "fb"):
+        assert points.landmarks(points.estimates(dense / preset, 2000, dense_records, 4000)) == (
+            dense / f"{preset}_landmarks.md").read_text()
     common = root / "results" / "landscape" / "llc_common"
     assert load(root / "analyses" / "landscape" / "llc_common_table.py").table(common) == (common / "llc_common.md").read_text()
     text = (root / "docs" / "landscape.md").read_text()
     refreshed, count = load(root / "analyses" / "reproduction" / "embed_tables.py").embed(text)
-    assert count == 14 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md
+    assert count == 15 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md
 
 
 def test_llc_points_pairs_successive_stable_estimates_by_seed():
