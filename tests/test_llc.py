@@ -214,5 +214,5 @@ def test_loss_spikes_are_the_records_rows_that_lost_the_training_set_after_fitti
             {"epoch": 20, "train_acc": FITTED}, {"epoch": 40}, {"epoch": 50, "train_acc": 1.0},
             {"epoch": 60, "train_acc": 0.2}, {"epoch": 70, "train_acc": 0.999}]
     assert loss_spikes(rows) == {30, 60}
-    assert loss_spikes([{"epoch": 5, "acc_train": 1.0}, {"epoch": 9, "acc_train": 0.9}], acc="acc_train") == {9}
+    assert loss_spikes([{"epoch": 5, "train_acc": 1.0}, {"epoch": 9, "train_acc": 0.9}]) == {9}
     assert loss_spikes(rows[:2]) == set()

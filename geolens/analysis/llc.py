@@ -219,13 +219,13 @@ def usable(values: dict[str, float]) -> bool:
 FITTED = 0.99
 
 
-def loss_spikes(rows: list[dict[str, float]], acc: str = "train_acc") -> set[int]:
-    """Epochs of a training record's rows (each with `epoch` and the training accuracy `acc`) inside a loss spike:
+def loss_spikes(rows: list[dict[str, float]]) -> set[int]:
+    """Epochs of a training record's rows (each with `epoch` and `train_acc`) inside a loss spike:
     training accuracy below FITTED after an earlier row reached it. The weights there sit at no minimum of the
     training loss, so an LLC estimated there measures none; rows before the first fit are no spike."""
     spikes, fitted = set(), False
     for r in sorted(rows, key=lambda r: r["epoch"]):
-        a = r.get(acc)
+        a = r.get("train_acc")
         if a is None:
             continue
         if a < FITTED and fitted:
