@@ -183,3 +183,30 @@ def test_llc_points_landmarks_and_series_figure_along_dense_series():
     assert losses.logy and [list(t.y) for t in losses.traces[:2]] == [[5.0, 0.1], [5.0, 0.2]]
     together = [t for t in fig.panels[3].traces if isinstance(t, Line)]
     assert len(together) == 1 and list(together[0].x) == [-50, -30, -20, -10, 0, 10, 15, 20, 30]
+
+
+def test_the_dense_precursor_tables_are_what_their_records_and_llc_tables_give(tmp_path, monkeypatch):
+    """results/landscape/precursors_dense_{ln,fb} are `geolens precursors` on the llc_dense runs: rebuilt here from
+    their committed records, with each run's LLC series (precursors.llc_series reads the runs' analysis caches,
+    not committed) taken from the committed dense LLC tables by llc_points' series rule (stable, outside loss
+    spikes), the whole table must come out the same, the llc row included."""
+    import importlib.util
+    from pathlib import Path
+
+    from geolens.analysis import precursors
+    from geolens.outputs.precursor_table import load_groups, precursor_rows, write_precursor_table
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("llc_points", root / "analyses" / "landscape" / "llc_points.py")
+    points = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(points)
+    monkeypatch.chdir(root)
+    dense, records = Path("results/landscape/llc_dense"), Path("results/landscape/records/llc_dense")
+    for preset in ("ln", "fb"):
+        series = {seed: dict(zip(*points.stable_series(pts)))
+                  for seed, (_, pts) in points.estimates(dense / preset, 2000, records, 4000).items()}
+        monkeypatch.setattr(precursors, "llc_series", lambda run: series[int(run.path.name.split("_")[1])])
+        rows, notes, _ = precursor_rows(*load_groups(records / preset))
+        write_precursor_table(rows, notes, tmp_path / preset)
+        committed = root / "results" / "landscape" / f"precursors_dense_{preset}" / "precursors.md"
+        assert (tmp_path / preset / "precursors.md").read_text() == committed.read_text(), preset
