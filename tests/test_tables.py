@@ -327,6 +327,21 @@ def test_groups_come_from_config_fields_not_folders(tmp_path, write_run, step_cu
 
 
 
+def test_runs_behind_folder_links_are_found_each_real_folder_once(tmp_path, write_run, step_curve):
+    # runs of two places joined under one root by links; a link back up and a second link to one run
+    write_run(tmp_path / "a" / "seed_1", make_config("fb", seed=1, lr=6e-4, **ADD), step_curve(100, 200))
+    write_run(tmp_path / "b" / "seed_2", make_config("fb", seed=2, lr=6e-4, **ADD), step_curve(100, 200))
+    joined = tmp_path / "joined"
+    joined.mkdir()
+    (joined / "one").symlink_to(tmp_path / "a", target_is_directory=True)
+    (joined / "two").symlink_to(tmp_path / "b" / "seed_2", target_is_directory=True)
+    (joined / "again").symlink_to(tmp_path / "b", target_is_directory=True)
+    (joined / "loop").symlink_to(joined, target_is_directory=True)
+    runs, skipped = find_runs(joined)
+    assert not skipped and sorted(r.config.seed for r in runs) == [1, 2]
+    assert [g.seeds for g in group_runs(runs)] == [[1, 2]]
+
+
 def test_the_same_seed_twice_in_a_group_is_refused_not_counted_twice(tmp_path, write_run, step_curve):
     # a float-order comparison (the same seed through the hooked engine) under the same --runs folder
     write_run(tmp_path / "fast" / "seed_1", make_config("fb", seed=1, lr=6e-4, **ADD), step_curve(100, 200))

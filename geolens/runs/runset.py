@@ -78,15 +78,18 @@ class RunGroup:
 def find_runs(root: str | Path) -> tuple[list[Run], dict[str, str]]:
     """(finished runs under root, {path: why skipped}) for every folder with a run.json.
 
-    Runs still training or that cannot be read are skipped with their reason, not fatal; a root
-    without any run is refused.
+    Symbolic links to folders are followed (runs of several places joined under one root), each real
+    folder once. Runs still training or that cannot be read are skipped with their reason, not fatal; a
+    root without any run is refused.
     """
     root = Path(root)
     if not root.is_dir():
         raise GeoError(f"--runs {root} is not a directory; pass the folder holding the run directories")
     runs, skipped = [], {}
-    for folder, dirs, files in os.walk(root):
+    seen = {os.path.realpath(root)}
+    for folder, dirs, files in os.walk(root, followlinks=True):
         dirs.sort()
+        dirs[:] = [d for d in dirs if _first_visit(os.path.join(folder, d), seen)]
         if "run.json" not in files:
             continue
         dirs.clear()  # runs do not nest
@@ -107,6 +110,15 @@ def find_runs(root: str | Path) -> tuple[list[Run], dict[str, str]]:
         raise GeoError(f"no finished run directory (a folder with run.json) under {root}{why}; "
                        "train some with `geolens sweep` or `geolens train`")
     return runs, skipped
+
+
+def _first_visit(folder: str, seen: set[str]) -> bool:
+    """Whether `folder` (through any links) has not been walked yet; marks it walked."""
+    real = os.path.realpath(folder)
+    if real in seen:
+        return False
+    seen.add(real)
+    return True
 
 
 def found_runs(root: str | Path) -> tuple[list[Run], list[str]]:
