@@ -210,3 +210,36 @@ def test_the_dense_precursor_tables_are_what_their_records_and_llc_tables_give(t
         write_precursor_table(rows, notes, tmp_path / preset)
         committed = root / "results" / "landscape" / f"precursors_dense_{preset}" / "precursors.md"
         assert (tmp_path / preset / "precursors.md").read_text() == committed.read_text(), preset
+
+
+def test_the_llc_lane_precursor_tables_are_what_their_records_and_llc_tables_give(tmp_path, monkeypatch):
+    """results/landscape/precursors_{fb,ln} are `geolens precursors` on the llc lane's runs: rebuilt here from their
+    committed records, with the analysis cache (not committed) read from the committed LLC tables of the same runs
+    (results/landscape/llc), so precursors.llc_series' own rule (stable, outside loss spikes, the setting most
+    estimates share) picks each series; the whole table must come out the same."""
+    from pathlib import Path
+
+    from geolens.analysis import trajectory
+    from geolens.outputs.precursor_table import load_groups, precursor_rows, write_precursor_table
+    from geolens.runs.run import Run
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(root)
+    tables, records = Path("results/landscape/llc"), Path("results/landscape/records/llc")
+
+    def committed(run) -> dict[int, dict[str, float]]:
+        return trajectory.read_table(tables / run.path.parent.name / run.path.name / "metrics.csv")
+
+    def cached_llc(run, step, names):
+        assert names == ["llc"]
+        values = {k: v for k, v in committed(run)[step].items() if k.startswith("llc")}
+        return {"llc": values} if "llc" in values else {}
+
+    monkeypatch.setattr(trajectory, "cached_metrics", cached_llc)
+    monkeypatch.setattr(Run, "steps", property(lambda run: sorted(committed(run))))
+    for preset in ("fb", "ln"):
+        rows, notes, _ = precursor_rows(*load_groups(records / preset))
+        write_precursor_table(rows, notes, tmp_path / preset)
+        made = (tmp_path / preset / "precursors.md").read_text()
+        assert "| llc | peak | 3 | 3 |" in made, preset  # the llc row is there, with an event on every seed
+        assert made == (root / "results" / "landscape" / f"precursors_{preset}" / "precursors.md").read_text(), preset
