@@ -192,6 +192,17 @@ def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
     assert all(last[c] == last[c] for c in ("attn_var", "erank_resid", "erank_mlp", "wl_gini", "wn_norm"))  # not NaN
     r = geolens("probe", "--run", tmp_path / "pre", "--step", 20)
     assert r.returncode == 0 and "L1H" in r.stdout, r.stderr
+    assert "(layer 1 MLP)" in r.stdout and "│ layer 0 " in r.stdout and "│ layer 1 " in r.stdout  # a row per layer
+    from geolens import load_run
+
+    probe = load_run(tmp_path / "pre").probe(20)
+    spectrum = probe.metrics["layer_spectrum"]
+    for l, keys, share, irrelevance, mlp in probe.layer_rows():  # each layer's row is its metrics
+        assert keys == [int(spectrum[f"layer_spectrum_L{l}_key_{r}"]) for r in range(1, 6)]
+        assert share == spectrum[f"layer_spectrum_L{l}_share"] and 0 < share <= 1
+        assert irrelevance == probe.metrics["layer_distance_irrelevance"][f"distance_irrelevance_L{l}"]
+        assert mlp == pytest.approx(float(probe.dla.components[f"mlp_L{l}"].mean()))
+    assert [row[0] for row in probe.layer_rows()] == [0, 1]
     r = geolens("fork", "--run", tmp_path / "pre", "--step", 20, "--set", "norm_placement=post", "--epochs", 30,
                 "--out", tmp_path / "f")
     assert r.returncode == 0, r.stderr

@@ -204,6 +204,7 @@ def test_python_probe(run_dir, monkeypatch):
     assert probe.cache is probe.cache and len(caches) == 1  # the full cache: on first access, once
     assert probe.verdict in ("clock", "pizza", "mixed", "unsolved")
     assert len(probe.top_heads()) == 3 and len(probe.top_neurons()) == 10
+    assert probe.layer_rows() == []  # one layer: the rows above are its only layer's
     assert all(type(k) is int for k in probe.key_freqs)
     fve = probe.metrics["fve_paper"]
     assert list(probe.fve) == probe.key_freqs

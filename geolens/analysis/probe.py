@@ -84,6 +84,22 @@ class Probe:
             return f"n/a ({self.skipped.get('clock_pizza', 'not computed')})"
         return next(name for name, c in VERDICT_CODES.items() if c == code or (c != c and code != code))
 
+    def layer_rows(self) -> list[tuple[int, list[int], float | None, float | None, float]]:
+        """Per layer of a model of two or more layers ([] for one layer): (layer, its MLP's direct-path key
+        frequencies, strongest first, and their share of its energy (layer_spectrum), the distance irrelevance of
+        its direct contribution (layer_distance_irrelevance; None where not computed), the mean DLA of its MLP)."""
+        if self.model.cfg.n_layers < 2:
+            return []
+        spectrum = self.metrics.get("layer_spectrum", {})
+        irrelevance = self.metrics.get("layer_distance_irrelevance", {})
+        means = self.dla.means()
+        rows = []
+        for l in range(self.model.cfg.n_layers):
+            keys = [int(v) for r in range(1, 6) if (v := spectrum.get(f"layer_spectrum_L{l}_key_{r}")) is not None and v == v]
+            rows.append((l, keys, spectrum.get(f"layer_spectrum_L{l}_share"),
+                         irrelevance.get(f"distance_irrelevance_L{l}"), means[f"mlp_L{l}"]))
+        return rows
+
     def top_heads(self, k: int = 3) -> list[tuple[str, float]]:
         """The k heads with the largest |mean DLA score|: [(name 'L{l}H{h}', mean score)]."""
         heads = {n: v for n, v in self.dla.means().items() if n.startswith("L") and "H" in n}
@@ -119,8 +135,10 @@ def describe(probe: Probe) -> list[tuple[str, str]]:
                                                      f" (nearest checkpoint to requested epoch {probe.requested})"))]
     loss = m.get("loss", {})
     lines.append(("accuracy", f"train {loss.get('acc_train', float('nan')):.4f}, test {loss.get('acc_test', float('nan')):.4f}"))
+    last = probe.model.cfg.n_layers - 1
+    where = f", layer {last}" if last else ""  # the metrics that read W_L or the MLP read the last layer
     if probe.key_freqs:
-        lines.append(("key frequencies (W_L FFT)", ", ".join(map(str, probe.key_freqs))))
+        lines.append((f"key frequencies (W_L FFT{where})", ", ".join(map(str, probe.key_freqs))))
         per_key = [f"k={k}: U {u:.1f}%, V {v:.1f}%" for k, (u, v) in probe.fve.items()]
         lines.append(("fve_paper", "; ".join(per_key) or probe.skipped.get("fve_paper", "n/a")))
     else:
@@ -131,5 +149,12 @@ def describe(probe: Probe) -> list[tuple[str, str]]:
     lines.append(("clock / pizza", f"{probe.verdict}" + (f" ({detail})" if detail else "")))
     lines.append((f"top heads by DLA [{probe.dla.units.split(':')[0]}]",
                   ", ".join(f"{n} {v:+.3f}" for n, v in probe.top_heads())))
-    lines.append(("top neurons by DLA", ", ".join(f"#{i} {v:+.4f}" for i, v in probe.top_neurons())))
+    lines.append((f"top neurons by DLA{where and f' (layer {last} MLP)'}",
+                  ", ".join(f"#{i} {v:+.4f}" for i, v in probe.top_neurons())))
+    for l, keys, share, irrelevance, mlp in probe.layer_rows():
+        parts = [f"MLP direct path keys {', '.join(map(str, keys)) or 'n/a'}"
+                 + ("" if share is None else f" (share {share:.2f})"), f"MLP DLA {mlp:+.3f}"]
+        if irrelevance is not None:
+            parts.append(f"distance_irrelevance {irrelevance:.3f}")
+        lines.append((f"layer {l}", "; ".join(parts)))
     return lines
