@@ -377,3 +377,33 @@ def test_a_post_norm_hybrid_is_analysed_through_each_layers_own_norm():
     rows, skipped = compute_metrics(GeoTransformer(three), three, make_dataset(three))
     assert set(rows) == {"loss", "weight_norm", "softmax_collapse", "zero_loss_fraction", "nlm_cosine"}
     assert all("task 'add3' (3 operands" in why for why in skipped.values())
+
+
+def test_a_three_operand_run_is_analysed_and_reported(tmp_path, geolens):
+    """`geolens analyze` on an add3 run: the metrics that serve it, a report whose attention maps have a column per
+    position (a, b, c, =) and no embedding circles (no [a, b] grid, no key frequencies); --keys refused in one line."""
+    from geolens.analysis.trajectory import analyze_run
+    from geolens.outputs.report import build_figures
+    from geolens.runs.run import load_run
+
+    out = tmp_path / "add3"
+    r = geolens("train", "--preset", "fb", "--task", "add3", "--p", "11", "--set", "n_layers=2", "--set", "d_model=32",
+                "--set", "d_head=8", "--set", "d_mlp=64", "--epochs", "20", "--checkpoints", "every:10", "--quiet",
+                "--out", out)
+    assert r.returncode == 0, r.stderr
+    r = geolens("analyze", "--run", out, "--quiet")
+    assert r.returncode == 0, r.stderr
+    traj = analyze_run(load_run(out), progress=False)
+    assert set(traj.values[20]) == {"loss", "weight_norm", "softmax_collapse", "zero_loss_fraction", "nlm_cosine"}
+    figures = {spec.name: spec for spec in build_figures(traj)}
+    assert "embedding_circles" not in figures and "attention" in figures
+    maps = [panel.traces[0] for panel in figures["attention"].panels]
+    assert len(maps) == 2  # one per layer at the last checkpoint
+    for heatmap in maps:
+        assert heatmap.x == ["a", "b", "c", "="] and len(heatmap.z) == 4  # 4 heads
+        assert all(len(row) == 4 and sum(row) == pytest.approx(1, abs=1e-5) for row in heatmap.z)  # mean attention
+    r = geolens("analyze", "--run", out, "--keys", "3", "--quiet")
+    assert r.returncode != 0 and "no key frequencies to pin" in r.stderr and "task 'add3'" in r.stderr
+    r = geolens("figures", "--runs", tmp_path, "--out", tmp_path / "figures")
+    assert r.returncode == 0, r.stderr
+    assert "2 figures: test_accuracy, onsets" in r.stdout and "left out (not yet served for task 'add3'" in r.stdout

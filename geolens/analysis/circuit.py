@@ -220,8 +220,9 @@ def _pre_norm_components(model, cfg: GeoConfig, eq: EqActivations, labels: Tenso
 
 
 # ---- attention at `=` -------------------------------------------------------------------------
-def attention_from_eq(eq: EqActivations, layer: int = 0) -> tuple[Float[Tensor, "H 3"], Float[Tensor, "N H 3"]]:
-    """Attention of the `=` query onto (a, b, =) per head: (mean over inputs, per input)."""
+def attention_from_eq(eq: EqActivations, layer: int = 0) -> tuple[Float[Tensor, "H n_ctx"], Float[Tensor, "N H n_ctx"]]:
+    """Attention of the `=` query onto each position ((a, b, =); add3 (a, b, c, =)) per head: (mean over inputs,
+    per input)."""
     pattern = eq[f"blocks.{layer}.attn.hook_pattern"]  # [N, H, key pos]
     return pattern.mean(0), pattern
 

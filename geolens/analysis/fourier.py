@@ -229,7 +229,8 @@ class CyclicFrame:
 
 
 def cyclic_frame(cfg: GeoConfig) -> CyclicFrame:
-    """The frame of a Z_p task; raises GeoError for task perm (S_n has no cyclic Fourier basis)."""
+    """The frame of a Z_p task of two operands; raises GeoError otherwise (S_n has no cyclic Fourier basis; the
+    metrics on the frame read the [a, b] grid)."""
     p = cfg.p
     if cfg.task in ("add", "sub"):
         sign = 1 if cfg.task == "add" else -1
@@ -240,4 +241,6 @@ def cyclic_frame(cfg: GeoConfig) -> CyclicFrame:
             p - 1, p, discrete_log_order(p, g), 1,
             f"Z_{p}^* ~ Z_{p - 1}: tokens 1..{p - 1} in discrete-log order base {g}, token 0 excluded",
         )
-    raise GeoError(f"Fourier metrics need a cyclic group Z_p; task {cfg.task} is S_{cfg.n_perm}")
+    if cfg.task == "perm":
+        raise GeoError(f"Fourier metrics need a cyclic group Z_p; task perm is S_{cfg.n_perm}")
+    raise GeoError(f"Fourier metrics read the [a, b] grid of a Z_p task; task {cfg.task} has {cfg.n_operands} operands")

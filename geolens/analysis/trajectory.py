@@ -133,17 +133,20 @@ def select_steps(run: Run, steps: list[int] | None) -> list[int]:
 
 def resolve_keys(run: Run, keys: str | list[int] | None, final_entry: dict | None = None) -> list[int] | None:
     """The key frequencies to pin over the whole trajectory: 'final' (the default: the last
-    checkpoint's keyfreq_wl_fft, as Nanda et al. fix the final model's keys; None for S_n, which has
-    none), None or 'each' (each checkpoint's own keyfreq_wl_fft: a change of keys then moves the
-    key-frequency metrics), or explicit frequencies (each in 1..n//2, n the group order).
-    final_entry: the last checkpoint's cached keyfreq_wl_fft values, if current (saves its forward)."""
+    checkpoint's keyfreq_wl_fft, as Nanda et al. fix the final model's keys; None where keyfreq_wl_fft is not
+    computed: S_n has no keys, 3-operand tasks no [a, b] grid), None or 'each' (each checkpoint's own
+    keyfreq_wl_fft: a change of keys then moves the key-frequency metrics), or explicit frequencies (each in
+    1..n//2, n the group order). final_entry: the last checkpoint's cached keyfreq_wl_fft values, if current
+    (saves its forward)."""
     from geolens.analysis import AnalysisContext
     from geolens.analysis.fourier import cyclic_frame
+    from geolens.analysis.registry import skip_reason
 
-    if keys is None or keys == "each" or (keys == "final" and run.config.task == "perm"):
+    why = skip_reason("keyfreq_wl_fft", run.config)
+    if keys is None or keys == "each" or (keys == "final" and why is not None):
         return None
-    if run.config.task == "perm":
-        raise GeoError("key frequencies need a cyclic group Z_p; task perm has none: drop --keys")
+    if why is not None:
+        raise GeoError(f"--keys: this run has no key frequencies to pin ({why}); drop --keys")
     if keys == "final":
         if final_entry is not None:
             return ranked_keys(final_entry)

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from geolens.analysis.registry import skip_reason
 from geolens.errors import GeoError
 from geolens.outputs.plots import (
     PALETTE,
@@ -490,9 +491,9 @@ def build_figures(root: str | Path, paper: str | None = None, at: str = "first09
     colors = group_colors(groups)
     tables, table_notes = tables_for(groups, paper, root)
     notes += table_notes
-    cyclic = [g for g in groups if g.config.task != "perm"]
-    if len(cyclic) < len(groups):
-        notes.append("wl_spectrum, fve_keys, clock_pizza_paths: S_n configurations left out (no cyclic Fourier basis)")
+    cyclic = [g for g in groups if skip_reason("keyfreq_wl_fft", g.config) is None]
+    notes += [f"wl_spectrum, fve_keys, clock_pizza_paths: {g.full_label} left out ({skip_reason('keyfreq_wl_fft', g.config)})"
+              for g in groups if g not in cyclic]
     blind = [g for g in cyclic if not g.representative.steps]
     notes += [f"wl_spectrum, fve_keys, clock_pizza_paths: {g.full_label} left out (seed {g.representative.config.seed} "
               "has no checkpoints)" for g in blind]

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from geolens.analysis.llc import COMPONENTS
+from geolens.analysis.registry import skip_reason
 from geolens.analysis.trajectory import Trajectory, keys_settled, keys_words, writing
 from geolens.outputs.plots import FigureSpec, Heatmap, Line, Panel, Region, VLine, html_page, save_static
 from geolens.runs.storage import atomic_write_bytes
@@ -169,7 +170,7 @@ def step_contexts(traj: Trajectory, steps: list[int]) -> dict:
 def fig_circles(traj: Trajectory, contexts: dict) -> FigureSpec | None:
     from geolens.analysis.circuit import embedding_circles
 
-    if traj.run.config.task == "perm":
+    if skip_reason("embed_circles", traj.run.config) is not None:  # S_n has no key frequencies, add3 no [a, b] grid
         return None
     panels = []
     for step, ctx in contexts.items():
@@ -182,16 +183,19 @@ def fig_circles(traj: Trajectory, contexts: dict) -> FigureSpec | None:
 
 
 def fig_attention(traj: Trajectory, contexts: dict) -> FigureSpec:
-    """Per step and layer a [heads x 3] heatmap: the mean attention of the `=` query onto (a, b, =)."""
+    """Per step and layer a [heads x n_ctx] heatmap: the mean attention of the `=` query onto (a, b, =) (add3:
+    (a, b, c, =))."""
     from geolens.analysis.circuit import attention_from_eq
 
+    keys = [*"abc"[: traj.run.config.n_operands], "="]
     panels = []
     for step, ctx in contexts.items():
         for layer in range(traj.run.config.n_layers):
-            mean, _ = attention_from_eq(ctx.eq, layer)  # [heads, 3]
+            mean, _ = attention_from_eq(ctx.eq, layer)  # [heads, n_ctx]
             panels.append(Panel(f"epoch {step}, layer {layer}: attention of '='", [
-                Heatmap(mean.tolist(), ["a", "b", "="], [f"H{h}" for h in range(mean.shape[0])], "Blues")], "key", "head"))
-    return FigureSpec("attention", "Mean attention of the '=' query onto (a, b, =)", panels, cols=min(3, len(panels)))
+                Heatmap(mean.tolist(), keys, [f"H{h}" for h in range(mean.shape[0])], "Blues")], "key", "head"))
+    return FigureSpec("attention", f"Mean attention of the '=' query onto ({', '.join(keys)})", panels,
+                      cols=min(3, len(panels)))
 
 
 def build_figures(traj: Trajectory, at: list[int] | None = None) -> list[FigureSpec]:
@@ -220,7 +224,7 @@ def write_report(traj: Trajectory, at: list[int] | None = None, static: tuple[st
     settled = keys_settled(traj)
     keys = (f"<p>Key-frequency metrics (FVE, restricted and excluded loss, embedding circles): {keys_words(traj)}"
             + (f"; the top-5 key set is the final one from epoch {settled} on" if settled is not None else "") + ".</p>"
-            if run.config.task != "perm" else "")
+            if skip_reason("keyfreq_wl_fft", run.config) is None else "")
     intro = f"""<table>{summary}</table>{keys}
 <p>{len(traj.steps)} checkpoints analysed; metric table: <code>metrics.csv</code> beside this page (step, metric, name, value);
 definitions: docs/metrics.md.</p>
