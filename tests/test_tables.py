@@ -14,7 +14,7 @@ from geolens.errors import GeoError
 from geolens.model.config import PAPER_FOURIER_FREQS, make_config
 from geolens.outputs.paper import TABLES, OneOf, paper_tables
 from geolens.outputs.stats import bootstrap_ci, summarize, verdict
-from geolens.outputs.tables import Rule, build_tables
+from geolens.outputs.tables import Rule, build_tables, display
 from geolens.runs.run import load_run
 from geolens.runs.runset import find_runs, group_runs
 from geolens.runs.storage import source_commit
@@ -311,6 +311,34 @@ def test_default_tables_follow_task_and_attention(tmp_path, write_run, step_curv
     assert onsets.rows[0].paper is None and onsets.rows[0].verdict == "n/a"
     built, notes = build_tables(tmp_path, "table1")
     assert any(n.startswith("not part of table1 (sub p=113") for n in notes)
+
+
+def test_onset_rows_are_tested_against_layernorm_at_the_same_lr(tmp_path, write_run, step_curve):
+    """Every seed of the sphere before every LayerNorm seed: 3 against 3 gives the exact one-sided Mann-Whitney
+    p = 1/C(6, 3) = 0.05; a seed without an onset ranks last; LayerNorm at another lr is no baseline; Holm over
+    the table's tests."""
+    for seed, onset in zip((1, 2, 3), (1000, 1200, 1400)):
+        write_run(tmp_path / f"ln{seed}", make_config("ln", seed=seed, lr=6e-4, epochs=3000, **ADD), step_curve(onset, 3000))
+    for seed, onset in zip((1, 2, 3), (200, 400, 600)):
+        write_run(tmp_path / f"s{seed}", make_config("sphere", seed=seed, lr=6e-4, epochs=3000, **ADD),
+                  step_curve(onset, 3000))
+    for seed, onset in zip((1, 2, 3), (800, 1600, 9999)):  # the third never groks within 3,000 epochs
+        write_run(tmp_path / f"f{seed}", make_config("fb", seed=seed, lr=6e-4, epochs=3000, **ADD), step_curve(onset, 3000))
+    write_run(tmp_path / "r1", make_config("rms", seed=1, lr=1e-4, epochs=3000, **ADD), step_curve(400, 3000))
+    write_run(tmp_path / "r2", make_config("rms", seed=2, lr=1e-4, epochs=3000, **ADD), step_curve(400, 3000))
+    (table,), _ = build_tables(tmp_path, "table1")
+    rows = {r.group.variant: r for r in table.rows if r.group is not None}
+    assert rows["ln"].against_ln is None and rows["rms"].against_ln is None  # the baseline; no LayerNorm at lr 1e-4
+    sphere, fb = rows["sphere"].against_ln, rows["fb"].against_ln
+    assert sphere.ratio == pytest.approx(400 / 1200) and sphere.p == pytest.approx(0.05)
+    # fb's onsets 800, 1600, none against 1000, 1200, 1400: 6 of the 9 pairs later, P(U <= 6) = 16 of 20 splits
+    assert fb.ratio == pytest.approx(1200 / 1200) and fb.p == pytest.approx(0.8)
+    assert (sphere.p_holm, fb.p_holm) == pytest.approx((0.1, 0.8))
+    record = next(r for r in table.records() if r["config"] == "sphere")
+    assert (record["ln_ratio"], record["ln_p"], record["ln_p_holm"]) == (sphere.ratio, sphere.p, sphere.p_holm)
+    headers, cells = display(table)
+    line = next(c for c in cells if c[1] == "sphere")
+    assert line[headers.index("x LayerNorm")] == "0.33" and line[headers.index("p earlier than LayerNorm (Holm)")] == "0.05 (0.1)"
 
 
 def test_groups_come_from_config_fields_not_folders(tmp_path, write_run, step_curve):

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from geolens.analysis.significance import fmt_p, holm, smaller_than
 from geolens.errors import GeoError
 from geolens.outputs.paper import TABLES, PaperRow, PaperTable, paper_table
 from geolens.outputs.stats import Summary, summarize, verdict
 from geolens.runs.run import Run
-from geolens.runs.runset import RunGroup, found_runs, group_runs
+from geolens.runs.runset import RunGroup, extras, found_runs, group_runs
 from geolens.runs.storage import atomic_write_bytes
 
 
@@ -78,6 +79,18 @@ class RunMeasures:
 
 
 # ---- one row of a table ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AgainstLayerNorm:
+    """A row's onsets against LayerNorm's at the same lr, task and attention in the same table: the ratio of the
+    mean grid onsets (row / LayerNorm, over the seeds with one), the one-sided exact Mann-Whitney p-value that
+    the row's grid onsets come earlier (significance.smaller_than: a seed without an onset ranks last) and that
+    p Holm-corrected over the table's comparisons."""
+
+    ratio: float | None
+    p: float | None
+    p_holm: float | None
+
+
 @dataclass
 class TableRow:
     """A published row and/or one configuration of ours (a paper row no run matched has group
@@ -89,6 +102,7 @@ class TableRow:
     kind: str  # onset | peak
     note: str = ""
     paper_epochs: int | None = None  # the paper's epoch budget, when it is one number
+    against_ln: AgainstLayerNorm | None = None  # onset tables: set by against_layernorm where LayerNorm has a row
 
     def values(self, what: str) -> list[float]:
         """Successful seeds' values: 'onset_grid', 'onset_own', 'sustained_099', 'peak_grid', 'peak_own'."""
@@ -173,6 +187,9 @@ class TableRow:
                 rec[f"{what}_full_success"] = self.full_success(what)
             rec.update(paper_n=p.seeds if p else "", paper_mean_peak=_get(p, "mean_peak_acc"),
                        paper_max_peak=_get(p, "max_peak_acc"), paper_full_success=_none(p.full_success) if p else "")
+        if self.kind == "onset":
+            a = self.against_ln
+            rec.update(ln_ratio=_none(a and a.ratio), ln_p=_none(a and a.p), ln_p_holm=_none(a and a.p_holm))
         rec.update(verdict=self.verdict, note=self.note)
         return rec
 
@@ -221,9 +238,42 @@ class BuiltTable:
         return out
 
 
+def is_layernorm(group: RunGroup) -> bool:
+    """Whether the group is a LayerNorm baseline that onset rows are compared with: LayerNorm (either readout), no
+    Fourier init, no change outside the tables' columns, not a fork."""
+    cfg = group.config
+    return cfg.norm == "layernorm" and not cfg.fourier_init and not extras(cfg) and not group.fork
+
+
+def against_layernorm(rows: list[TableRow]) -> None:
+    """Set each onset row's against_ln (AgainstLayerNorm) where the table holds one LayerNorm baseline of the same
+    lr, task and attention (is_layernorm) and the row is another configuration with runs; Holm over those tests."""
+    def key(g: RunGroup) -> tuple:
+        return g.config.lr, g.config.task_label, g.config.attention
+
+    baselines: dict[tuple, list[TableRow]] = {}
+    for r in rows:
+        if r.group is not None and is_layernorm(r.group):
+            baselines.setdefault(key(r.group), []).append(r)
+    pairs = [(r, ln[0]) for r in rows if r.kind == "onset" and r.group is not None and not is_layernorm(r.group)
+             and len(ln := baselines.get(key(r.group), [])) == 1]
+    ps = [smaller_than([m.onset_grid for m in r.measures], [m.onset_grid for m in ln.measures]) for r, ln in pairs]
+    for (r, ln), p, adjusted in zip(pairs, ps, holm(ps)):
+        ours, theirs = r.summary("onset_grid"), ln.summary("onset_grid")
+        ratio = ours.mean / theirs.mean if ours.n and theirs.n else None
+        r.against_ln = AgainstLayerNorm(ratio, p, adjusted)
+
+
 def build_table(groups: list[RunGroup], table: PaperTable | None) -> BuiltTable:
     """Every published row of `table` (in the paper's order) with the groups that reproduce it, then
-    the groups that match no row; `table` None: the groups without paper comparison."""
+    the groups that match no row; `table` None: the groups without paper comparison. Onset rows are
+    compared with LayerNorm's (against_layernorm)."""
+    built = _build_table(groups, table)
+    against_layernorm(built.rows)
+    return built
+
+
+def _build_table(groups: list[RunGroup], table: PaperTable | None) -> BuiltTable:
     rule = Rule.of(table)
     kind = table.kind if table else "onset"
 
@@ -332,8 +382,8 @@ def display(table: BuiltTable) -> tuple[list[str], list[list[str]]]:
     kind, rule = table.kind, table.rule
     if kind == "onset":
         headers = ["paper row", "geolens config", "lr", "wd", "seeds", f"onset (grid {rule.grid}) mean ± std", "min-max",
-                   "95% CI", "failures", "onset (own) mean ± std", ">= 0.99 held from", "paper mean ± std",
-                   "paper min-max", "paper failures", "verdict"]
+                   "95% CI", "failures", "onset (own) mean ± std", ">= 0.99 held from", "x LayerNorm",
+                   "p earlier than LayerNorm (Holm)", "paper mean ± std", "paper min-max", "paper failures", "verdict"]
     else:
         headers = ["paper row", "geolens config", "lr", "wd", "seeds", f"peak test acc (grid {rule.grid}) mean ± std",
                    "min-max", "95% CI", "full success", "peak (own) mean", "paper mean peak", "paper max peak",
@@ -350,6 +400,7 @@ def display(table: BuiltTable) -> tuple[list[str], list[list[str]]]:
             right = [_mean_std(head, kind), _range(head.min, head.max, kind), _ci(head, kind),
                      f"{row.failures('onset_grid')}/{len(row.measures)}" if g else "-", _mean_std(own, kind),
                      _num(held.mean, kind) + (f" ({held.n} runs)" if 0 < held.n < len(row.measures) else ""),
+                     *_against(row.against_ln),
                      f"{_num(p.get('mean'), kind)} ± {_num(p.get('std'), kind)}" if p and p.get("mean") is not None else "-",
                      _range(p.get("min"), p.get("max"), kind) if p else "-",
                      f"{p.failures}/{paper_n}" if p and p.failures is not None else "-", row.verdict]
@@ -363,6 +414,13 @@ def display(table: BuiltTable) -> tuple[list[str], list[list[str]]]:
     return headers, out
 
 
+def _against(a: AgainstLayerNorm | None) -> list[str]:
+    """The two cells of a row's comparison with LayerNorm: '0.11', '<0.001 (<0.001)'; '-' without one."""
+    if a is None:
+        return ["-", "-"]
+    return ["-" if a.ratio is None else f"{a.ratio:.2f}", f"{fmt_p(a.p)} ({fmt_p(a.p_holm)})"]
+
+
 def definitions(table: BuiltTable) -> str:
     """The measurement rule in one paragraph (printed under the table)."""
     rule = table.rule
@@ -370,7 +428,11 @@ def definitions(table: BuiltTable) -> str:
     what = (f"onset = first evaluated epoch with test accuracy {op} {rule.threshold:g}; grid = evaluated epochs that are "
             f"multiples of {rule.grid} (the paper's logging), own = every evaluated epoch; means, std (n - 1), range and "
             f"the bootstrap 95% CI of the mean are over the seeds with an onset; failures = seeds with no onset within "
-            f"their epochs" if table.kind == "onset" else
+            f"their epochs; x LayerNorm = the mean grid onset over LayerNorm's (the table's LayerNorm row of the same "
+            f"lr, task and attention); "
+            f"p earlier than LayerNorm = one-sided exact Mann-Whitney p-value that the grid onsets come earlier than "
+            f"LayerNorm's (a seed without an onset ranks last), Holm-corrected over the table's comparisons in brackets"
+            if table.kind == "onset" else
             f"peak = highest test accuracy over the evaluated epochs that are multiples of {rule.grid} (grid) or over all "
             f"evaluated epochs (own); full success = peak test accuracy 1.0")
     return (f"{what}. Verdict (on the grid): agrees when the paper's mean lies in our 95% CI or our mean in the paper's "
