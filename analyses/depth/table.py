@@ -9,7 +9,8 @@ within their budget, and the paper's one-layer row (Table 1, lr 6e-4) where one 
 verdicts of docs/depth.md rest on, each a one-sided Mann-Whitney U (scipy.stats.mannwhitneyu) on the
 per-seed onsets, a seed without an onset ranked after every onset (censored at its budget): does a
 configuration grok earlier than LayerNorm at the same depth and placement, does the post-norm placement grok
-earlier than the same norms as pre-norms, and does depth change a configuration's onset; and whether a GPU's runs
+earlier than the same norms as pre-norms, do the hybrids grok later than the all-sphere model and does either
+come first, and does depth change a configuration's onset; and whether a GPU's runs
 grok earlier than the CPU's within the configurations trained on both (significance.smaller_within). Provenance notes (runset.found_runs) say which commits trained the records.
 """
 
@@ -28,6 +29,7 @@ from geolens.runs.runset import found_runs, trained_on
 RULE = Rule()  # test accuracy > 0.95, every evaluated epoch
 PAPER_ROWS = {"ln_post": ("layernorm", 1.0), "sphere_post": ("bounded_sphere", 1.0), "fb_post": ("bounded_sphere", 0.0)}
 ORDER = ["ln_post", "ln_pre", "rms_pre", "sphere_post", "fb_post", "sphere_pre", "sphere_ln_post", "ln_sphere_post"]
+HYBRIDS = ["sphere_ln_post", "ln_sphere_post"]  # two layers, post-norm: the sphere in one layer, LayerNorm in the other
 
 
 def config_key(cfg) -> str:
@@ -111,7 +113,7 @@ def build(root: Path) -> tuple[str, str]:
             for placement in ("post", "pre"):
                 ln = data.get((task, f"ln_{placement}", layers))
                 for key in sorted({k for t, k, L in data if t == task and L == layers and k.endswith(placement)}):
-                    if ln and not key.startswith("ln_") and data.get((task, key, layers)):
+                    if ln and key != f"ln_{placement}" and data.get((task, key, layers)):
                         tests.append(f"| {task} | {key} earlier than ln_{placement} | {layers} | "
                                      f"{earlier(data[(task, key, layers)], ln)} |")
         for layers in (1, 2):  # the placement: post-norm earlier than the same norms as pre-norms
@@ -119,6 +121,15 @@ def build(root: Path) -> tuple[str, str]:
                 post, pre = data.get((task, f"{base}_post", layers)), data.get((task, f"{base}_pre", layers))
                 if post and pre:
                     tests.append(f"| {task} | {base}_post earlier than {base}_pre | {layers} | {earlier(post, pre)} |")
+        sphere = data.get((task, "sphere_post", 2))  # the hybrids against the all-sphere model and each other
+        hybrids = [k for k in HYBRIDS if data.get((task, k, 2))]
+        for key in hybrids:
+            if sphere:
+                tests.append(f"| {task} | sphere_post earlier than {key} | 2 | {earlier(sphere, data[(task, key, 2)])} |")
+            for other in hybrids:
+                if other != key:
+                    tests.append(f"| {task} | {key} earlier than {other} | 2 | "
+                                 f"{earlier(data[(task, key, 2)], data[(task, other, 2)])} |")
         for key in sorted({k for t, k, _ in data if t == task}):
             one, two = data.get((task, key, 1)), data.get((task, key, 2))
             if one and two:
