@@ -9,8 +9,8 @@
 #   lane add3    2 layers, ln_post and fb_post on Z_p sums of 3 operands at p = 23 (12,167 inputs, 3,650 to
 #                train on: the cost of one Z_113 pair epoch)
 #   lane add3_113  the same at p = 113 (1,442,897 inputs, 432,869 to train on; DEVICE only: days per run on a CPU).
-#                A 2-layer add3 run peaks at ~19.5 KB per input on the CPU (p = 31 and 59: 1.4 and 4.9 GB), ~28 GB at
-#                p = 113: five stacked seeds would not fit one 139 GB GPU, so this lane trains single runs, one
+#                A 2-layer add3 run peaks at ~21.5 KiB per input on the CPU (p = 31 and 59: 1.41 and 5.01 GiB), ~30 GiB
+#                at p = 113: five stacked seeds would not fit one 139 GB GPU, so this lane trains single runs, one
 #                configuration per background lane, its seeds one after another.
 # Resumable: finished runs are skipped, killed ones continue from their last checkpoint. Records (run.json,
 # metrics.csv, events.json) are copied to results/depth/records after every run; `geolens table --runs
