@@ -404,6 +404,8 @@ def test_a_three_operand_run_is_analysed_and_reported(tmp_path, geolens):
         assert all(len(row) == 4 and sum(row) == pytest.approx(1, abs=1e-5) for row in heatmap.z)  # mean attention
     r = geolens("analyze", "--run", out, "--keys", "3", "--quiet")
     assert r.returncode != 0 and "no key frequencies to pin" in r.stderr and "task 'add3'" in r.stderr
+    r = geolens("probe", "--run", out, "--step", 20)
+    assert r.returncode == 2 and "probe reads the circuit of [a, b, =] models" in r.stderr and "use geolens analyze" in r.stderr
     r = geolens("figures", "--runs", tmp_path, "--out", tmp_path / "figures")
     assert r.returncode == 0, r.stderr
     assert "2 figures: test_accuracy, onsets" in r.stdout and "left out (not yet served for task 'add3'" in r.stdout

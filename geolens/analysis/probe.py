@@ -121,7 +121,7 @@ def probe_run(run, step: int) -> Probe:
     model = run.model_at(nearest)
     reason = topology_reason("dla", model.cfg)
     if reason is not None:
-        raise GeoError(f"probe reads the circuit of [a, b, =] models with one norm; {run.path}: {reason}; use geolens "
+        raise GeoError(f"probe reads the circuit of [a, b, =] models; {run.path}: {reason}; use geolens "
                        "analyze (its topology-free metrics) or model.run_with_cache")
     ctx = AnalysisContext(model, model.cfg, run.dataset)  # the config that held at that step (Run.config_at)
     metrics, skipped = compute_metrics(context=ctx, num_threads=1)
