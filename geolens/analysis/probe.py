@@ -152,8 +152,9 @@ def describe(probe: Probe) -> list[tuple[str, str]]:
     lines.append((f"top neurons by DLA{where and f' (layer {last} MLP)'}",
                   ", ".join(f"#{i} {v:+.4f}" for i, v in probe.top_neurons())))
     for l, keys, share, irrelevance, mlp in probe.layer_rows():
-        parts = [f"MLP direct path keys {', '.join(map(str, keys)) or 'n/a'}"
-                 + ("" if share is None else f" (share {share:.2f})"), f"MLP DLA {mlp:+.3f}"]
+        parts = [f"MLP direct path keys {', '.join(map(str, keys))}" + ("" if share is None else f" (share {share:.2f})")
+                 ] if keys else []  # S_n: no key frequencies (the key-frequency row above says why)
+        parts.append(f"MLP DLA {mlp:+.3f}")
         if irrelevance is not None:
             parts.append(f"distance_irrelevance {irrelevance:.3f}")
         lines.append((f"layer {l}", "; ".join(parts)))
