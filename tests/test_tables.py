@@ -326,19 +326,27 @@ def test_onset_rows_are_tested_against_layernorm_at_the_same_lr(tmp_path, write_
         write_run(tmp_path / f"f{seed}", make_config("fb", seed=seed, lr=6e-4, epochs=3000, **ADD), step_curve(onset, 3000))
     write_run(tmp_path / "r1", make_config("rms", seed=1, lr=1e-4, epochs=3000, **ADD), step_curve(400, 3000))
     write_run(tmp_path / "r2", make_config("rms", seed=2, lr=1e-4, epochs=3000, **ADD), step_curve(400, 3000))
+    for seed, onset in zip((1, 2), (2000, 2200)):  # two layers: compared with two-layer LayerNorm only
+        write_run(tmp_path / f"ln2_{seed}", make_config("ln", seed=seed, lr=6e-4, n_layers=2, epochs=3000, **ADD),
+                  step_curve(onset, 3000))
+        write_run(tmp_path / f"s2_{seed}", make_config("sphere", seed=seed, lr=6e-4, n_layers=2, epochs=3000, **ADD),
+                  step_curve(onset + 500, 3000))
     (table,), _ = build_tables(tmp_path, "table1")
     rows = {r.group.variant: r for r in table.rows if r.group is not None}
+    two = rows["sphere (n_layers=2)"].against_ln  # (rows that match no paper row, below the paper's)
+    assert rows["ln (n_layers=2)"].against_ln is None and two.ratio == pytest.approx(2700 / 2100)  # grid onsets 2,600, 2,800
+    assert two.p == pytest.approx(1.0)  # both seeds later than both of two-layer LayerNorm: every split has U <= 4
     assert rows["ln"].against_ln is None and rows["rms"].against_ln is None  # the baseline; no LayerNorm at lr 1e-4
     sphere, fb = rows["sphere"].against_ln, rows["fb"].against_ln
     assert sphere.ratio == pytest.approx(400 / 1200) and sphere.p == pytest.approx(0.05)
     # fb's onsets 800, 1600, none against 1000, 1200, 1400: 6 of the 9 pairs later, P(U <= 6) = 16 of 20 splits
     assert fb.ratio == pytest.approx(1200 / 1200) and fb.p == pytest.approx(0.8)
-    assert (sphere.p_holm, fb.p_holm) == pytest.approx((0.1, 0.8))
+    assert (sphere.p_holm, fb.p_holm, two.p_holm) == pytest.approx((0.15, 1.0, 1.0))  # Holm over the three tests
     record = next(r for r in table.records() if r["config"] == "sphere")
     assert (record["ln_ratio"], record["ln_p"], record["ln_p_holm"]) == (sphere.ratio, sphere.p, sphere.p_holm)
     headers, cells = display(table)
     line = next(c for c in cells if c[1] == "sphere")
-    assert line[headers.index("x LayerNorm")] == "0.33" and line[headers.index("p earlier than LayerNorm (Holm)")] == "0.05 (0.1)"
+    assert line[headers.index("x LayerNorm")] == "0.33" and line[headers.index("p earlier than LayerNorm (Holm)")] == "0.05 (0.15)"
 
 
 def test_groups_come_from_config_fields_not_folders(tmp_path, write_run, step_curve):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from geolens.errors import GeoError
 from geolens.outputs.paper import TABLES, PaperRow, PaperTable, paper_table
 from geolens.outputs.stats import Summary, summarize, verdict
 from geolens.runs.run import Run
-from geolens.runs.runset import RunGroup, extras, found_runs, group_runs
+from geolens.runs.runset import BOOKKEEPING, RunGroup, found_runs, group_runs
 from geolens.runs.storage import atomic_write_bytes
 
 
@@ -238,20 +239,25 @@ class BuiltTable:
         return out
 
 
+#: the fields a row may differ from its LayerNorm baseline in (the topology compared, and the initialisation)
+COMPARED = ("norm", "unembed", "weight_decay", "fourier_init", "init")
+
+
 def is_layernorm(group: RunGroup) -> bool:
-    """Whether the group is a LayerNorm baseline that onset rows are compared with: LayerNorm (either readout), no
-    Fourier init, no change outside the tables' columns, not a fork."""
-    cfg = group.config
-    return cfg.norm == "layernorm" and not cfg.fourier_init and not extras(cfg) and not group.fork
+    """Whether the group is a LayerNorm baseline that onset rows are compared with: LayerNorm in every layer (either
+    readout), no Fourier init, not a fork."""
+    return group.config.norm == "layernorm" and not group.config.fourier_init and not group.fork
 
 
 def against_layernorm(rows: list[TableRow]) -> None:
-    """Set each onset row's against_ln (AgainstLayerNorm) where the table holds one LayerNorm baseline of the same
-    lr, task and attention (is_layernorm) and the row is another configuration with runs; Holm over those tests."""
-    def key(g: RunGroup) -> tuple:
-        return g.config.lr, g.config.task_label, g.config.attention
+    """Set each onset row's against_ln (AgainstLayerNorm) where the table holds one LayerNorm baseline (is_layernorm)
+    equal to the row's configuration in every field but COMPARED and the bookkeeping ones (the same lr, task,
+    attention, depth, placement, ...) and the row is another configuration with runs; Holm over those tests."""
+    def key(g: RunGroup) -> str:
+        return json.dumps({k: v for k, v in g.config.to_dict().items() if k not in BOOKKEEPING and k not in COMPARED},
+                          sort_keys=True)
 
-    baselines: dict[tuple, list[TableRow]] = {}
+    baselines: dict[str, list[TableRow]] = {}
     for r in rows:
         if r.group is not None and is_layernorm(r.group):
             baselines.setdefault(key(r.group), []).append(r)
@@ -428,8 +434,8 @@ def definitions(table: BuiltTable) -> str:
     what = (f"onset = first evaluated epoch with test accuracy {op} {rule.threshold:g}; grid = evaluated epochs that are "
             f"multiples of {rule.grid} (the paper's logging), own = every evaluated epoch; means, std (n - 1), range and "
             f"the bootstrap 95% CI of the mean are over the seeds with an onset; failures = seeds with no onset within "
-            f"their epochs; x LayerNorm = the mean grid onset over LayerNorm's (the table's LayerNorm row of the same "
-            f"lr, task and attention); "
+            f"their epochs; x LayerNorm = the mean grid onset over LayerNorm's (the table's LayerNorm row that differs "
+            f"only in norm, readout, weight decay and initialisation: the same lr, task, attention and depth); "
             f"p earlier than LayerNorm = one-sided exact Mann-Whitney p-value that the grid onsets come earlier than "
             f"LayerNorm's (a seed without an onset ranks last), Holm-corrected over the table's comparisons in brackets"
             if table.kind == "onset" else
