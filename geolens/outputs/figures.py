@@ -491,9 +491,10 @@ def build_figures(root: str | Path, paper: str | None = None, at: str = "first09
     colors = group_colors(groups)
     tables, table_notes = tables_for(groups, paper, root)
     notes += table_notes
-    cyclic = [g for g in groups if skip_reason("keyfreq_wl_fft", g.config) is None]
-    notes += [f"wl_spectrum, fve_keys, clock_pizza_paths: {g.full_label} left out ({skip_reason('keyfreq_wl_fft', g.config)})"
-              for g in groups if g not in cyclic]
+    why = [(g, skip_reason("keyfreq_wl_fft", g.config)) for g in groups]  # no key frequencies: S_n, add3
+    cyclic = [g for g, reason in why if reason is None]
+    notes += [f"wl_spectrum, fve_keys, clock_pizza_paths: {g.full_label} left out ({reason})" for g, reason in why
+              if reason is not None]
     blind = [g for g in cyclic if not g.representative.steps]
     notes += [f"wl_spectrum, fve_keys, clock_pizza_paths: {g.full_label} left out (seed {g.representative.config.seed} "
               "has no checkpoints)" for g in blind]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from geolens.errors import GeoError
 from geolens.outputs.paper import TABLES, PaperRow, PaperTable, paper_table
 from geolens.outputs.stats import Summary, summarize, verdict
 from geolens.runs.run import Run
-from geolens.runs.runset import BOOKKEEPING, RunGroup, found_runs, group_runs
+from geolens.runs.runset import RunGroup, found_runs, group_key, group_runs
 from geolens.runs.storage import atomic_write_bytes
 
 
@@ -82,7 +81,7 @@ class RunMeasures:
 # ---- one row of a table ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AgainstLayerNorm:
-    """A row's onsets against LayerNorm's at the same lr, task and attention in the same table: the ratio of the
+    """A row's onsets against its LayerNorm baseline in the same table (against_layernorm): the ratio of the
     mean grid onsets (row / LayerNorm, over the seeds with one), the one-sided exact Mann-Whitney p-value that
     the row's grid onsets come earlier (significance.smaller_than: a seed without an onset ranks last) and that
     p Holm-corrected over the table's comparisons."""
@@ -254,8 +253,7 @@ def against_layernorm(rows: list[TableRow]) -> None:
     equal to the row's configuration in every field but COMPARED and the bookkeeping ones (the same lr, task,
     attention, depth, placement, ...) and the row is another configuration with runs; Holm over those tests."""
     def key(g: RunGroup) -> str:
-        return json.dumps({k: v for k, v in g.config.to_dict().items() if k not in BOOKKEEPING and k not in COMPARED},
-                          sort_keys=True)
+        return group_key(g.config, ignoring=COMPARED)
 
     baselines: dict[str, list[TableRow]] = {}
     for r in rows:

@@ -88,9 +88,8 @@ def find_runs(root: str | Path) -> tuple[list[Run], dict[str, str]]:
     runs, skipped = [], {}
     seen = {os.path.realpath(root)}
     for folder, dirs, files in os.walk(root, followlinks=True):
-        dirs.sort()
-        dirs[:] = [d for d in dirs if _first_visit(os.path.join(folder, d), seen)]
         if "run.json" not in files:
+            dirs[:] = sorted(d for d in dirs if _first_visit(os.path.join(folder, d), seen))
             continue
         dirs.clear()  # runs do not nest
         try:
@@ -128,9 +127,11 @@ def found_runs(root: str | Path) -> tuple[list[Run], list[str]]:
     return runs, provenance_notes(runs) + [f"skipped {path}: {why}" for path, why in skipped.items()]
 
 
-def group_key(cfg: GeoConfig) -> str:
-    """The configuration of a run: its config without the BOOKKEEPING fields, as canonical JSON."""
-    return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in BOOKKEEPING}, sort_keys=True)
+def group_key(cfg: GeoConfig, ignoring: tuple[str, ...] = ()) -> str:
+    """The configuration of a run: its config without the BOOKKEEPING fields (and those `ignoring` names), as
+    canonical JSON."""
+    return json.dumps({k: v for k, v in cfg.to_dict().items() if k not in BOOKKEEPING and k not in ignoring},
+                      sort_keys=True)
 
 
 def group_runs(runs: list[Run]) -> list[RunGroup]:
