@@ -197,14 +197,14 @@ def provenance_notes(runs: list[Run], shown: int = 3) -> list[str]:
     dirty, unknown, commits, devices = [], [], {}, {}
     for run in runs:
         segments = run.header.get("segments", [])
-        for device in {trained_on(seg) for seg in segments} - {None}:
+        for device in sorted({trained_on(seg) for seg in segments} - {None}):  # sorted: ties list in one order
             devices[device] = devices.get(device, 0) + 1
         made = [seg.get("geolens_commit") for seg in segments] or [None]
         if any(c is None for c in made):
             unknown.append(str(run.path))
         if any(c and c.endswith("+dirty") for c in made):
             dirty.append(str(run.path))
-        for sha in {c.removesuffix("+dirty")[:7] for c in made if c}:
+        for sha in sorted({c.removesuffix("+dirty")[:7] for c in made if c}):
             commits[sha] = commits.get(sha, 0) + 1
     notes = []
     if dirty:
