@@ -27,7 +27,7 @@ def test_muon_takes_the_mlp_matrices_and_adamw_the_rest():
     assert sorted(names[id(p)] for g in muon.param_groups for p in g["params"]) == ["blocks.0.mlp.W_in", "blocks.0.mlp.W_out"]
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     assert "blocks.0.attn.W_Q" in {names[id(p)] for g in adamw.param_groups for p in g["params"]}  # 3-D: AdamW
-    assert [g["lr"] for g in opt.param_groups] == [0.02, 3e-3]
+    assert [g["lr"] for g in opt.param_groups] == [pytest.approx(0.02 * 2 ** 0.5), pytest.approx(0.02 / 2 ** 0.5), 3e-3]
     assert isinstance(make_optimizer(GeoTransformer(make_config("ln", optimizer="sgd", **SMALL))), torch.optim.SGD)
 
 
@@ -36,11 +36,13 @@ def test_a_schedule_scales_each_group_as_its_optimizer_defines_it():
     model = GeoTransformer(cfg)
     opt = make_optimizer(model)
     Controls(cfg, model, opt).before(12)
-    muon, adamw = opt.param_groups
-    assert adamw["lr"] == 1.5e-3 and muon["lr"] == pytest.approx(0.02 * 0.5)  # halved, each from its own base
-    assert muon["weight_decay"] == adamw["weight_decay"] == 3.0
+    w_in, w_out, adamw = opt.param_groups
+    assert adamw["lr"] == 1.5e-3 and w_in["lr"] == pytest.approx(0.02 * 2 ** 0.5 * 0.5)  # halved, each from its own base
+    assert w_out["lr"] == pytest.approx(0.02 / 2 ** 0.5 * 0.5)
+    assert adamw["weight_decay"] == 3.0  # Muon's decay per step stays muon_lr * weight_decay on each matrix:
+    assert w_in["lr"] * w_in["weight_decay"] == pytest.approx(w_out["lr"] * w_out["weight_decay"]) == 0.01 * 3.0
     Controls(cfg, model, opt).before(25)
-    assert (muon["lr"], adamw["lr"]) == (0.02, 3e-3)
+    assert (w_in["lr"], w_out["lr"], adamw["lr"]) == (pytest.approx(0.02 * 2 ** 0.5), pytest.approx(0.02 / 2 ** 0.5), 3e-3)
 
 
 def _tensors(path):
@@ -48,7 +50,7 @@ def _tensors(path):
     return {**run.model_at(run.steps[-1]).state_dict(), **load_tensors(path / "resume.safetensors")}, run.metrics
 
 
-@pytest.mark.parametrize("optimizer,n_layers", [("muon", 1), ("sgd", 1), ("muon", 2)])
+@pytest.mark.parametrize("optimizer,n_layers", [("muon", 1), ("sgd", 1), ("muon", 2), ("sgd", 2)])
 def test_resume_equals_uninterrupted_bit_for_bit(tmp_path, optimizer, n_layers):
     """In the fast (one layer) and the deep engine (two): the optimizer's state is in the resume state."""
     cfg = make_config("ln", optimizer=optimizer, n_layers=n_layers, epochs=40, eval_every=5, checkpoints="every:10",
@@ -125,3 +127,47 @@ def test_denormals_flushed_sets_the_runs_choice_and_restores_the_callers(caller)
 def test_bad_optimizer_settings_are_one_line(tmp_path, geolens, args, needle):
     r = geolens("train", "--preset", "ln", "--p", "23", "--epochs", "5", *args, "--out", tmp_path / "r")
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_muons_per_matrix_rate_is_the_reference_sqrt_fan_out_over_fan_in():
+    """W_in [d_model, d_mlp] is (in, out): fan_out / fan_in = d_mlp / d_model = 2 here, so x sqrt(2); W_out
+    [d_mlp, d_model] is (in, out) with fan_out < fan_in, so x1. torch's 'original' rule reads (out, in) and would
+    give the reverse. Checked on the update itself: one step from zero momentum, no weight decay, equal RMS of the
+    orthogonalised update for both orientations, so the ratio of update RMS is the ratio of rates."""
+    cfg = make_config("ln", optimizer="muon", weight_decay=0.0, **SMALL)  # d_model 32, d_mlp 64
+    model = GeoTransformer(cfg)
+    opt = make_optimizer(model)
+    mlp = model.blocks[0].mlp
+    before = mlp.W_in.detach().clone(), mlp.W_out.detach().clone()
+    x = torch.randint(0, cfg.p, (64, 3))
+    torch.nn.functional.cross_entropy(model(x)[:, -1], torch.randint(0, cfg.p, (64,))).backward()
+    opt.step()
+    rms = [(w.detach() - b).pow(2).mean().sqrt().item() for w, b in zip((mlp.W_in, mlp.W_out), before)]
+    assert rms[0] / rms[1] == pytest.approx(2 ** 0.5, rel=0.15)
+    lrs = [g["lr"] for g in opt.parts[0].param_groups]
+    assert lrs == [pytest.approx(0.02 * 2 ** 0.5 / 1), pytest.approx(0.02 / 2 ** 0.5)]  # torch then x1 and x sqrt(2)
+
+
+def test_a_muon_run_from_before_the_rate_fix_is_refused_on_resume(tmp_path):
+    import json
+    cfg = make_config("ln", optimizer="muon", epochs=20, eval_every=5, checkpoints="every:10", **SMALL)
+    training.train(cfg.replace(epochs=10), tmp_path / "run", progress=False)
+    header = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert header["muon_rate"] == "muon_lr * sqrt(max(1, fan_out / fan_in))"
+    del header["muon_rate"]
+    (tmp_path / "run" / "run.json").write_text(json.dumps(header))
+    with pytest.raises(Exception, match="per-matrix rates swapped"):
+        training.resume(tmp_path / "run", progress=False, epochs=20)
+
+
+def test_a_trimmed_run_forks_into_another_optimizer(tmp_path):
+    """A shipped (trimmed) trajectory keeps no optimizer state; a fork that switches the optimizer discards it
+    anyway, so it is allowed; one that keeps the optimizer is still refused."""
+    from geolens.runs.export import export_run
+    cfg = make_config("ln", epochs=20, eval_every=5, checkpoints="every:10", seed=1, **SMALL)
+    training.train(cfg, tmp_path / "parent", progress=False)
+    export_run(tmp_path / "parent", tmp_path / "shipped", [0, 10, 20])
+    fork(tmp_path / "shipped", 10, tmp_path / "arm", {"optimizer": "sgd"}, progress=False)
+    assert load_run(tmp_path / "arm").header["fork"]["mapping"]["optimizer"]["to"] == "sgd"
+    with pytest.raises(Exception, match="no optimizer state"):
+        fork(tmp_path / "shipped", 10, tmp_path / "arm2", {"weight_decay": 0.5}, progress=False)

@@ -15,7 +15,7 @@ import torch
 from geolens.model.config import GeoConfig
 from geolens.model.hyperschedule import parse_hyper_schedule
 from geolens.model.transformer import GeoTransformer
-from geolens.training.optimizers import group_lr
+from geolens.training.optimizers import group_lr, group_weight_decay
 
 
 class Controls:
@@ -34,7 +34,7 @@ class Controls:
         lr, wd = s.value("lr", cfg.lr, epoch), s.value("weight_decay", cfg.weight_decay, epoch)
         for group in self.opt.param_groups:  # each group's lr as its optimizer defines it (Muon's from muon_lr)
             group["lr"] = group_lr(group, cfg, lr)
-            group["weight_decay"] = wd
+            group["weight_decay"] = group_weight_decay(group, wd)
         self.model.unembed.tau = s.value("tau", cfg.tau, epoch)
 
     def clamp(self) -> None:

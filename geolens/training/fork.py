@@ -32,6 +32,7 @@ from geolens.runs.storage import BackgroundWriter, RunDir, load_tensors, read_me
 from geolens.training.controls import Controls
 from geolens.model.engines import Engine
 from geolens.training.engine import make_optimizer, select_forward, training_device
+from geolens.training.optimizers import check_muon_rate
 from geolens.training.recording import load_optimizer_tensors, optimizer_tensors, run_header, write_checkpoint
 from geolens.training.train import SingleStep, TrainResult, resume
 
@@ -154,7 +155,10 @@ def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict |
         after = [s for s in steps if s > step][:1]
         raise GeoError(f"{prun.path} has no checkpoint at epoch {step}; the nearest are "
                        f"{' and '.join(map(str, before + after)) or 'none'} (fork at a checkpointed epoch)")
-    opt_state = parent_optimizer_state(prun.dir, step)
+    switched = pcfg.optimizer != cfg.optimizer  # never one optimizer's state in another: the new one starts fresh
+    if not switched:
+        check_muon_rate(prun.header, prun.path)
+    opt_state = {} if switched else parent_optimizer_state(prun.dir, step)
     rows = [r for r in read_metrics(prun.dir.metrics_csv) if r["epoch"] <= step]
     if not rows or rows[-1]["epoch"] != step:
         raise GeoError(f"{prun.dir.metrics_csv} has no row at epoch {step}; `geolens info --run {prun.path}` says "
@@ -163,8 +167,7 @@ def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict |
     model = GeoTransformer(cfg)  # initial values of the parameters the new config adds
     weights, opt_state, mapping = map_state(model, prun.dir.load_checkpoint(step), opt_state,
                                             placement_renames(pcfg, cfg))
-    if pcfg.optimizer != cfg.optimizer:  # never one optimizer's state in another: the new one starts fresh
-        opt_state = {}
+    if switched:
         mapping["optimizer"] = {"from": pcfg.optimizer, "to": cfg.optimizer, "state": "fresh"}
     model.load_state_dict(weights)
     opt = make_optimizer(model)

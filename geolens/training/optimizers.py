@@ -5,7 +5,8 @@
            (coupled L2), unlike AdamW's and Muon's decoupled decay
     muon   torch.optim.Muon on the MLP's 2-D matrices (blocks.L.mlp.W_in, W_out: the hidden matrices the
            literature orthogonalises; lr cfg.muon_lr, momentum cfg.muon_momentum, Nesterov, decoupled weight
-           decay cfg.weight_decay, torch's 'original' lr adjustment), AdamW (cfg.lr, betas) on everything else:
+           decay cfg.weight_decay, each matrix at the reference rate muon_lr * sqrt(max(1, fan_out / fan_in)): see
+           muon_lr_scale), AdamW (cfg.lr, betas) on everything else:
            the embeddings and the readout (by convention), biases and norm gains (1-D), and the attention
            weights W_Q, W_K, W_V [n_heads, d_model, d_head] and W_O, which are stored 3-D while torch's Muon
            takes only 2-D parameters (orthogonalising each head's matrix would need Muon's update
@@ -19,11 +20,13 @@ each group as its optimizer defines it (Controls.before).
 
 from __future__ import annotations
 
+import math
 from collections.abc import MutableMapping
 
 import torch
 from torch import Tensor
 
+from geolens.errors import GeoError
 from geolens.model.config import GeoConfig
 
 MUON_PARAMS = ("mlp.W_in", "mlp.W_out")  # the 2-D hidden matrices (name suffixes) Muon takes
@@ -89,11 +92,36 @@ def make_optimizer(model, capturable: bool = False):
     adamw = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, fused=True, capturable=capturable)
     if cfg.optimizer == "adamw":
         return _tagged(torch.optim.AdamW([p for _, p in named], **adamw), "lr")
-    matrices = [p for n, p in named if n.endswith(MUON_PARAMS)]
+    matrices = [{"params": [p], "lr_scale": muon_lr_scale(p.shape)} for n, p in named if n.endswith(MUON_PARAMS)]
+    for group in matrices:
+        group["lr"] = cfg.muon_lr * group["lr_scale"]
+        group["weight_decay"] = group_weight_decay(group, cfg.weight_decay)
     rest = [p for n, p in named if not n.endswith(MUON_PARAMS)]
     muon = torch.optim.Muon(matrices, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay,
                             nesterov=True, adjust_lr_fn="original")
     return Combined([_tagged(muon, "muon_lr"), _tagged(torch.optim.AdamW(rest, **adamw), "lr")])
+
+
+MUON_RATE_RULE = "muon_lr * sqrt(max(1, fan_out / fan_in))"  # run.json's muon_rate of a Muon run
+
+
+def check_muon_rate(header: dict, path) -> None:
+    """Refuse to continue a Muon run trained before its per-matrix rates followed MUON_RATE_RULE (it had W_in's
+    and W_out's swapped): continuing it would mix two rules in one trajectory."""
+    if header["config"].get("optimizer") == "muon" and header.get("muon_rate") != MUON_RATE_RULE:
+        raise GeoError(f"{path} was trained with Muon's per-matrix rates swapped (geolens before the fix: W_in at x1, "
+                       f"W_out at x2); it cannot be continued with today's rates: retrain it with --force")
+
+
+def muon_lr_scale(shape: torch.Size) -> float:
+    """The factor on cfg.muon_lr that makes torch's 'original' adjustment give a matrix stored (in, out), as
+    geolens stores W_in [d_model, d_mlp] and W_out [d_mlp, d_model], the reference per-matrix rate
+    muon_lr * sqrt(max(1, fan_out / fan_in)). torch reads (A, B) = shape[:2] as nn.Linear's (out, in) and
+    multiplies by sqrt(max(1, A / B)); this factor divides that out and puts the reference one in. torch decays a
+    parameter by lr * weight_decay per step, so the group's weight decay is divided by the same factor
+    (group_weight_decay): the decay stays muon_lr * weight_decay, as in the reference."""
+    fan_in, fan_out = shape[0], shape[1]
+    return math.sqrt(max(1.0, fan_out / fan_in)) / math.sqrt(max(1.0, fan_in / fan_out))
 
 
 def _tagged(opt: torch.optim.Optimizer, lr_field: str) -> torch.optim.Optimizer:
@@ -104,6 +132,13 @@ def _tagged(opt: torch.optim.Optimizer, lr_field: str) -> torch.optim.Optimizer:
 
 def group_lr(group: dict, cfg: GeoConfig, lr: float) -> float:
     """The learning rate of `group` when the schedule sets the run's lr to `lr`: `lr` itself for the groups that
-    take cfg.lr, the group's own base scaled by lr / cfg.lr for the others (Muon's cfg.muon_lr)."""
+    take cfg.lr, the group's own base (times its lr_scale) scaled by lr / cfg.lr for the others (Muon's
+    cfg.muon_lr)."""
     field = group.get("lr_field", "lr")
-    return lr if field == "lr" else getattr(cfg, field) * (lr / cfg.lr)
+    return lr if field == "lr" else getattr(cfg, field) * group.get("lr_scale", 1.0) * (lr / cfg.lr)
+
+
+def group_weight_decay(group: dict, weight_decay: float) -> float:
+    """The weight decay of `group` when the run's is `weight_decay`: divided by the group's lr_scale, so that
+    torch's decoupled decay (group lr times group weight decay) stays the unscaled lr times `weight_decay`."""
+    return weight_decay / group.get("lr_scale", 1.0)

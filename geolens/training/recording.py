@@ -31,6 +31,7 @@ from geolens.runs.storage import (
     write_metrics,
 )
 from geolens.training.engine import make_optimizer
+from geolens.training.optimizers import MUON_RATE_RULE
 from geolens.training.precursor_columns import PrecursorProbe, skipped_columns
 
 
@@ -54,7 +55,7 @@ def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int,
     lineage = {"fork": prev["fork"]} if prev and "fork" in prev else {}
     return {"config": cfg.to_dict(), "versions": versions, "engine": engine, "engine_reason": why,
             "n_train": n_train, "n_test": n_test, "skipped_columns": skipped_columns(cfg), "segments": segments,
-            **lineage, "status": "running"}
+            **lineage, **({"muon_rate": MUON_RATE_RULE} if cfg.optimizer == "muon" else {}), "status": "running"}
 
 
 def squared_norms(model: GeoTransformer) -> Tensor:

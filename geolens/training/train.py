@@ -43,6 +43,7 @@ from geolens.training.engine import (
 )
 from geolens.training.controls import Controls
 from geolens.training.precursor_columns import PrecursorProbe
+from geolens.training.optimizers import check_muon_rate
 from geolens.training.progress_bar import EpochProgress, run_stats
 from geolens.training.recording import (
     evaluated_row,
@@ -259,6 +260,7 @@ def resume(out: str | Path, progress: bool = True, forecast: ThresholdRule | Non
     if "trimmed" in header:
         raise GeoError(f"{run.path} is a trimmed trajectory (`geolens export`: a subset of the checkpoints, no resume "
                        f"state) and cannot be continued; resume its source run, or train anew with the config in its run.json")
+    check_muon_rate(header, run.path)
     bad = sorted(set(changes) - set(RESUMABLE_FIELDS))
     if bad:
         raise GeoError(f"--resume cannot change {bad}; only {list(RESUMABLE_FIELDS)} may change (start a new run instead)")
