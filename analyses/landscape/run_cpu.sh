@@ -4,8 +4,9 @@
 #   lane muon    Muon against AdamW for ln, sphere and fb, seeds 1-5: `--set optimizer=muon` (Muon's lr
 #                muon_lr on the MLP matrices, AdamW's lr 6e-4 on the rest) and the AdamW default, Table 1's
 #                budgets plus 3,000 epochs, early stop 3,000 epochs after test accuracy holds >= 0.99 (does
-#                generalisation hold after the onset?); LayerNorm's runs (both optimizers) with --set
-#                flush_denormal=true (Muon's weight decay leaves dead rows subnormal; the fb and sphere runs predate it)
+#                generalisation hold after the onset?); LayerNorm's runs (both optimizers) and every Muon run with
+#                --set flush_denormal=true (Muon's weight decay leaves dead rows subnormal; fb's and the sphere's
+#                AdamW runs predate it). OPTIMIZERS="muon" trains only the Muon arms (the AdamW default: both)
 #   lane llc     fb and ln, seeds 1-3, checkpoints every 200 epochs, then `geolens analyze` of every checkpoint:
 #                fb `--metrics llc,sharpness,loss` (the LLC, its components and the sharpness along the trajectory;
 #                `geolens precursors` then reads the LLC as a precursor), ln `--metrics sharpness,loss` (DEFAULT_LLC's
@@ -36,7 +37,7 @@ pick() { for c in "$@"; do [[ -z "${PRESETS:-}" || " $PRESETS " == *" $c "* ]] &
 finished() { [ -f "$1/run.json" ] && grep -q '"status": "finished"' "$1/run.json"; }
 collect() { "$py" analyses/reproduction/collect.py "$R" results/landscape/records > /dev/null; }
 epochs() { [ "$1" = ln ] && echo 18000 || echo 8000; }
-flush() { [ "$1" = ln ] && echo "--set flush_denormal=true"; }
+flush() { if [ "$1" = ln ] || [ "$2" = muon ]; then echo "--set flush_denormal=true"; fi; }
 BURNIN_LLC=lr=1e-7,n_beta=1000,burnin=4000,draws=2000,components=none
 # strided RUN: every STRIDE-th checkpointed epoch of RUN and its last, comma-separated
 strided() {
@@ -46,7 +47,7 @@ print(','.join(map(str, sorted(set(s[::${STRIDE:-1}] + s[-1:])))))"
 # muon_args PRESET OPTIMIZER: the training flags of one muon-lane configuration (every seed's)
 muon_args() {
     echo --preset "$1" --p 113 --lr 6e-4 --epochs "$(epochs "$1")" --early-stop 3000 --checkpoints every:1000 \
-        --set optimizer="$2" $(flush "$1")
+        --set optimizer="$2" $(flush "$1" "$2")
 }
 
 # run OUT ARGS...: one `geolens train` on one thread, resumed if it was killed
@@ -62,7 +63,7 @@ run() {
 if [ -n "${DEVICE:-}" ]; then
     [ "${lanes[*]}" = muon ] || { echo "DEVICE=$DEVICE trains the muon lane only (the llc lane's analyses run on the CPU)" >&2; exit 2; }
     for preset in $(pick fb sphere ln); do
-        for opt in adamw muon; do
+        for opt in ${OPTIMIZERS:-adamw muon}; do
             echo "== $(date -Is) $R/muon/$preset/$opt seeds $SEEDS on $DEVICE"
             # shellcheck disable=SC2046
             timeout "${DEADLINE:-0}" "$py" -m geolens sweep $(muon_args "$preset" "$opt") \
@@ -79,7 +80,7 @@ for lane in "${lanes[@]}"; do
     muon)
         for s in $SEEDS; do
             for preset in $(pick fb sphere ln); do
-                for opt in adamw muon; do
+                for opt in ${OPTIMIZERS:-adamw muon}; do
                     # shellcheck disable=SC2046
                     run "$R/muon/$preset/$opt/seed_$s" $(muon_args "$preset" "$opt") --seed "$s"
                 done
