@@ -83,16 +83,18 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.errors import GeoError
-from geolens.model.config import GeoConfig
+from geolens.model.config import GeoConfig, config_fields
 from geolens.model.lookups import BagLookup, cached_plan, segments, slot_dots
 from geolens.model.readout import bounded_readout
+from geolens.model.roles import IGNORED, VALUE
 
 __all__ = ["fast_unsupported_reason", "fast_logits", "stacked_fast_logits", "fast_eq_forward", "FastEq", "fast_flops",
            "FAST_NORMS", "FAST_READOUTS", "FAST_ATTENTIONS"]
 
-# ---- what the fast path computes: every GeoConfig field is classified here -----------------------
-# (tests/test_fast.py checks that these cover GeoConfig's fields, so a new field, or a new value of
-# norm / unembed / attention, is refused until it is implemented and tested here)
+# ---- what the fast path computes: the values of the fields each declares it reads as a choice -----
+# (every GeoConfig field declares how this engine reads it, geolens.model.roles; tests/test_fast.py checks
+# that the choices below are those fields, so a new choice field, or a new value of norm / unembed /
+# attention, is refused until it is implemented and tested here)
 FAST_NORMS = frozenset({"none", "layernorm", "rmsnorm", "sphere"})
 FAST_READOUTS = frozenset({"raw", "bounded"})  # cfg.unembed
 FAST_ATTENTIONS = frozenset({"learned", "uniform"})
@@ -101,14 +103,9 @@ FAST_N_LAYERS = 1
 FAST_N_CTX = 3  # [a, b, =]: the `=` query at the last position
 # read as values, any valid value computes exactly (causal: the mask never hides a key from the
 # last position, the only one that reaches the logits)
-FAST_VALUE_FIELDS = frozenset({"d_model", "n_heads", "d_head", "d_mlp", "tau", "ln_eps", "rms_eps", "sphere_eps",
-                               "causal"})
+FAST_VALUE_FIELDS = frozenset(config_fields(fast=VALUE))
 # no part of the forward (the task and the split give the tokens; init and training settings the weights)
-FAST_IGNORED_FIELDS = frozenset({"task", "p", "n_perm", "frac_train", "data_seed", "fourier_init", "init", "seed",
-                                 "lr", "beta1", "beta2", "weight_decay", "optimizer", "momentum", "muon_lr",
-                                 "muon_momentum", "epochs", "eval_every", "checkpoints",
-                                 "early_stop_after", "engine", "device", "preset", "schedule",
-                                 "norm_clamp", "flush_denormal"})
+FAST_IGNORED_FIELDS = frozenset(config_fields(fast=IGNORED))
 _CHOICES = (("norm", FAST_NORMS), ("unembed", FAST_READOUTS), ("attention", FAST_ATTENTIONS),
             ("norm_placement", FAST_PLACEMENTS))
 
