@@ -214,3 +214,12 @@ def test_the_cli_doc_lists_the_fields_the_declaration_generates():
     text = (ROOT / "docs" / "cli.md").read_text()
     assert "<!-- config-fields -->" in text and "| `flush_denormal` |" in text
     assert roles.refresh_field_list(text, GeoConfig) == text, "run `python -m geolens.model.roles docs/cli.md`"
+
+
+def test_train_help_lists_every_field_with_its_declared_help_and_choices(geolens):
+    out = geolens("train", "--help").stdout
+    listed = [line.strip() for line in out.splitlines()]
+    for line in roles.fields_help(GeoConfig).splitlines():
+        assert line in listed, line
+    assert "task = 'add' (add, sub, mul, perm, add3): the task: a + b, a - b, a * b mod p, S_n composition, or a + b " \
+           "+ c mod p ([a, b, c, =])" in listed  # brackets are text, not rich markup

@@ -132,8 +132,8 @@ def _role_words(roles: Roles) -> str:
 
 
 def fields_help(cls: type) -> str:
-    """One paragraph per field for `geolens train --help`: 'name = default (allowed): help'."""
-    return "\n\n".join(f"{f.name} = {default_of(f)!r} ({_allowed(f, r)}): {r.help}"
+    """One line per field for `geolens train --help`: 'name = default (allowed): help'."""
+    return "\n".join(f"{f.name} = {default_of(f)!r} ({_allowed(f, r)}): {r.help}"
                        for f, r in zip(dataclasses.fields(cls), roles_of(cls).values()))
 
 
