@@ -85,8 +85,9 @@ def test_each_derived_mapping_is_the_old_hand_kept_one(qualified):
 
 
 def test_each_engine_computes_the_choices_its_fields_declare():
-    from geolens.model import deep, fast
+    from geolens.model import deep, engines, fast
 
+    assert set(roles.ENGINE_SCOPES) == {e.name for e in engines.ENGINES} - {"hooked"}  # hooked runs any config
     assert {f for f, _ in fast._CHOICES} | {"n_layers"} == set(config.config_fields(fast=roles.CHOICE))
     assert {f for f, _ in deep.DEEP_CHOICES} == set(config.config_fields(deep=roles.CHOICE))
 
@@ -104,6 +105,8 @@ def test_a_field_without_roles_is_refused():
     with pytest.raises(TypeError, match="declare forward=True"):
         roles.declare(1.0, "a knob", reads=roles.VALUE, forward=False, member=False, surface=True,
                       hashed=roles.UNLESS_DEFAULT, tables=roles.DISTINCT)
+    with pytest.raises(TypeError, match="'compred' is not one of"):  # a misspelt selection selects nothing silently
+        config.config_fields(tables="compred")
     with pytest.raises(TypeError, match="'sometimes' is not one of"):
         roles.declare(1.0, "a knob", reads=roles.VALUE, forward=True, member=False, surface=True,
                       hashed="sometimes", tables=roles.DISTINCT)

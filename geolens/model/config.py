@@ -42,7 +42,8 @@ class GeoConfig:
     # Each field declares its roles (geolens.model.roles: what engines, forks, stacked sweeps, resumes, the
     # identity hash and the tables do with it); a field without them is refused when this module is imported.
     # task
-    task: str = declare("add", "the task: a + b, a - b, a * b mod p, S_n composition, or a + b + c mod p ([a, b, c, =])",
+    task: str = declare("add", "the task: a + b, a - b, a * b mod p, S_n composition, or a + b + c mod p "
+                        "([a, b, c, =])",
                         choices=TASKS, reads={"fast": IGNORED, "deep": CHOICE}, forward=True, fork_refused=_SHAPES,
                         member=False, surface=True, hashed=ALWAYS, tables=DISTINCT, shown=True, sweep_axis="--task")
     p: int = declare(113, "the modulus of the Z_p tasks (a prime)", reads={"fast": IGNORED, "deep": VALUE},
@@ -220,12 +221,11 @@ class GeoConfig:
     # ---- checks -----------------------------------------------------------------------------
     def validate(self) -> None:
         self._check_types()
+        norms = [n.strip() for n in self.norm.split(",")]
         for f in dataclasses.fields(self):  # the declared choices (norm: each per-layer value)
             choices = f.metadata["roles"].choices
-            values = self.norm.split(",") if f.name == "norm" else [getattr(self, f.name)]
-            for value in values if choices else ():
-                _choice(f.name, value.strip(), choices)
-        norms = [n.strip() for n in self.norm.split(",")]
+            for value in (norms if f.name == "norm" else [getattr(self, f.name)]) if choices else ():
+                _choice(f.name, value, choices)
         if len(norms) > 1 and len(norms) != self.n_layers:
             raise GeoError(f"norm = '{self.norm}' gives {len(norms)} per-layer norms but n_layers = {self.n_layers}; "
                            f"give one norm, or one per layer (e.g. --set n_layers={len(norms)})")

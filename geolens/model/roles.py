@@ -100,6 +100,10 @@ def roles_of(cls: type) -> dict[str, Roles]:
 def select(cls: type, **criteria: Any) -> tuple[str, ...]:
     """The fields of dataclass `cls` whose roles meet every criterion, in declaration order:
     select(GeoConfig, member=True), select(GeoConfig, fast=VALUE)."""
+    for name, value in criteria.items():
+        kinds = _KINDS["reads"] if name in ENGINE_SCOPES else _KINDS.get(name)
+        if kinds is not None and value not in kinds:
+            raise TypeError(f"{name} = {value!r} is not one of {kinds}")
     return tuple(name for name, roles in roles_of(cls).items() if roles.matches(criteria))
 
 
