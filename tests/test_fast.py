@@ -348,3 +348,11 @@ def test_without_onednn_the_fast_path_uses_bmm(monkeypatch):
     model = GeoTransformer(cfg)
     _trained_looking(model, seed=4)
     _assert_close(_compare(model, *make_dataset(cfg).train))
+
+
+def test_the_backward_names_its_inputs_in_the_forwards_order():
+    """need.Wr etc. in the backward read ctx.needs_input_grad by the forward's parameter names."""
+    import inspect
+
+    params = list(inspect.signature(fast._LogitsFromTables.forward).parameters)[1:]
+    assert list(fast._NeedsGrad._fields) == params
