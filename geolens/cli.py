@@ -59,7 +59,17 @@ def _overrides(sets: list[str], schedules: list[str] = (), **named) -> dict:
     return out
 
 
-@app.command()
+def _config_fields_epilog() -> str:
+    """`geolens train --help`'s list of the config fields `--set` takes, from their declarations."""
+    from rich.markup import escape
+
+    from geolens.model.config import GeoConfig
+    from geolens.model.roles import fields_help
+
+    return escape("Config fields (--set field=value; their roles: docs/cli.md):\n\n" + fields_help(GeoConfig))
+
+
+@app.command(epilog=_config_fields_epilog())
 def train(
     out: Path = typer.Option(..., help="Run directory to create (refused if it exists, unless --resume/--force)."),
     preset: Preset = None,

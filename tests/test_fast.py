@@ -281,6 +281,9 @@ def test_an_option_added_to_the_config_is_refused_by_the_fast_path(field, option
     for module in [m for name, m in sys.modules.items() if name.startswith("geolens")]:  # as if edited in config.py
         if getattr(module, options, None) is old:
             monkeypatch.setattr(module, options, (*old, "brand_new"))
+    declared = GeoConfig.__dataclass_fields__[field]  # and in the field's declared choices
+    roles = dataclasses.replace(declared.metadata["roles"], choices=(*old, "brand_new"))
+    monkeypatch.setattr(declared, "metadata", {"roles": roles})
     cfg = _config("ln", "add", **{field: "brand_new"})
     reason = fast_unsupported_reason(cfg)
     assert reason is not None and field in reason and "brand_new" in reason
@@ -345,3 +348,11 @@ def test_without_onednn_the_fast_path_uses_bmm(monkeypatch):
     model = GeoTransformer(cfg)
     _trained_looking(model, seed=4)
     _assert_close(_compare(model, *make_dataset(cfg).train))
+
+
+def test_the_backward_names_its_inputs_in_the_forwards_order():
+    """need.Wr etc. in the backward read ctx.needs_input_grad by the forward's parameter names."""
+    import inspect
+
+    params = list(inspect.signature(fast._LogitsFromTables.forward).parameters)[1:]
+    assert list(fast._NeedsGrad._fields) == params

@@ -17,14 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from geolens.errors import GeoError
+from geolens.model.config import config_fields
 from geolens.model.engines import choose_engine
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
 
 #: fields two checkpoints may differ in and still define one loss surface (how they were trained, not the model)
-TRAINING_FIELDS = ("seed", "lr", "beta1", "beta2", "weight_decay", "optimizer", "momentum", "muon_lr", "muon_momentum",
-                   "epochs", "eval_every", "checkpoints", "early_stop_after", "schedule", "norm_clamp", "engine",
-                   "device", "preset", "init", "fourier_init", "flush_denormal")
+TRAINING_FIELDS = config_fields(surface=False)
 N_ALPHAS = 21
 
 

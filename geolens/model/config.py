@@ -11,10 +11,12 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from geolens.errors import GeoError
+from geolens.model.roles import (ALWAYS, BOOKKEEPING, CHOICE, COMPARED, DISTINCT, IGNORED, UNLESS_DEFAULT, VALUE, Roles,
+                                 declare, default_of, roles_of, select)
 
 NORMS = ("none", "layernorm", "rmsnorm", "sphere")
 PLACEMENTS = ("post", "pre")
@@ -27,54 +29,121 @@ ENGINES = ("auto", "hooked", "fast", "deep")
 
 PAPER_FOURIER_FREQS = (14, 35, 41, 42, 52)
 
+# why a fork cannot change a field (Roles.fork_refused)
+_SHAPES = "it changes parameter shapes"
+_DATA = "the fork trains on the parent's split and data"
+_INIT = "the fork starts from the parent's weights, not from an initialisation"
+
 
 @dataclass
 class GeoConfig:
     """Everything that defines a run. Derived fields (d_vocab, d_vocab_out, n_ctx) follow the task."""
 
+    # Each field declares its roles (geolens.model.roles: what engines, forks, stacked sweeps, resumes, the
+    # identity hash and the tables do with it); a field without them is refused when this module is imported.
     # task
-    task: str = "add"
-    p: int = 113
-    n_perm: int = 5  # S_n for task "perm"
-    frac_train: float = 0.3
-    data_seed: int = 0
+    task: str = declare("add", "the task: a + b, a - b, a * b mod p, S_n composition, or a + b + c mod p "
+                        "([a, b, c, =])",
+                        choices=TASKS, reads={"fast": IGNORED, "deep": CHOICE}, forward=True, fork_refused=_SHAPES,
+                        member=False, surface=True, hashed=ALWAYS, tables=DISTINCT, shown=True, sweep_axis="--task")
+    p: int = declare(113, "the modulus of the Z_p tasks (a prime)", reads={"fast": IGNORED, "deep": VALUE},
+                     forward=True, fork_refused=_SHAPES, member=False, surface=True, hashed=ALWAYS, tables=DISTINCT,
+                     shown=True, sweep_axis="--p")
+    n_perm: int = declare(5, "n of S_n for task perm (2..6)", reads={"fast": IGNORED, "deep": VALUE}, forward=True,
+                          fork_refused=_SHAPES, member=False, surface=True, hashed=ALWAYS, tables=DISTINCT, shown=True)
+    frac_train: float = declare(0.3, "the training fraction of all inputs", reads=IGNORED, forward=False,
+                                fork_refused=_DATA, member=False, surface=True, hashed=ALWAYS, tables=DISTINCT,
+                                grid_key="frac")
+    data_seed: int = declare(0, "the seed of the train/test split", reads=IGNORED, forward=False, fork_refused=_DATA,
+                             member=True, surface=True, hashed=ALWAYS, tables=BOOKKEEPING, sweep_axis="--data-seed")
     # model (the paper's defaults)
-    n_layers: int = 1
-    d_model: int = 128
-    n_heads: int = 4
-    d_head: int = 32
-    d_mlp: int = 512
-    norm: str = "layernorm"  # one norm, or one per layer: "layernorm,sphere" (a hybrid)
-    norm_placement: str = "post"  # post: the norm replaces the stream (the paper's); pre: HookedTransformer's ln1/ln2/ln_final
-    unembed: str = "raw"
-    tau: float = 10.0
-    attention: str = "learned"
-    causal: bool = False
-    fourier_init: list[int] = field(default_factory=list)
-    init: str = "paper"
-    ln_eps: float = 1e-5
-    rms_eps: float = 1e-8
-    sphere_eps: float = 1e-12
+    n_layers: int = declare(1, "transformer blocks", reads={"fast": CHOICE, "deep": VALUE}, forward=True,
+                            fork_refused=_SHAPES, member=False, surface=True, hashed=ALWAYS, tables=DISTINCT)
+    d_model: int = declare(128, "residual stream width", reads=VALUE, forward=True, fork_refused=_SHAPES,
+                           member=False, surface=True, hashed=ALWAYS, tables=DISTINCT)
+    n_heads: int = declare(4, "attention heads per block", reads=VALUE, forward=True, fork_refused=_SHAPES,
+                           member=False, surface=True, hashed=ALWAYS, tables=DISTINCT)
+    d_head: int = declare(32, "width of one attention head", reads=VALUE, forward=True, fork_refused=_SHAPES,
+                          member=False, surface=True, hashed=ALWAYS, tables=DISTINCT)
+    d_mlp: int = declare(512, "MLP hidden width", reads=VALUE, forward=True, fork_refused=_SHAPES, member=False,
+                         surface=True, hashed=ALWAYS, tables=DISTINCT)
+    norm: str = declare("layernorm", "the norm of every layer, or one per layer comma-separated (a hybrid: "
+                        "layernorm,sphere)", choices=NORMS, reads=CHOICE, forward=True, member=False, surface=True,
+                        hashed=ALWAYS, tables=COMPARED, shown=True)
+    norm_placement: str = declare("post", "post: the norm replaces the stream (the paper's); pre: HookedTransformer's "
+                                  "ln1 / ln2 / ln_final", choices=PLACEMENTS, reads=CHOICE, forward=True, member=False,
+                                  surface=True, hashed=UNLESS_DEFAULT, tables=DISTINCT)
+    unembed: str = declare("raw", "the readout: raw W_U, or bounded (tau * W_U / ||W_U column||)", choices=UNEMBEDS,
+                           reads=CHOICE, forward=True, member=False, surface=True, hashed=ALWAYS, tables=COMPARED,
+                           shown=True)
+    tau: float = declare(10.0, "the bounded readout's temperature", reads=VALUE, forward=True, member=False,
+                         surface=True, hashed=ALWAYS, tables=DISTINCT)
+    attention: str = declare("learned", "learned attention, or uniform (every key weighted equally)",
+                             choices=ATTENTIONS, reads=CHOICE, forward=True, member=False, surface=True, hashed=ALWAYS,
+                             tables=DISTINCT, shown=True)
+    causal: bool = declare(False, "mask attention to earlier positions", reads=VALUE, forward=True, member=False,
+                           surface=True, hashed=ALWAYS, tables=DISTINCT)
+    fourier_init: list[int] = declare([], "initialise the embedding on these Fourier frequencies (Z_p tasks)",
+                                      reads=IGNORED, forward=False, fork_refused=_INIT, member=False, surface=False,
+                                      hashed=ALWAYS, tables=COMPARED, shown=True)
+    init: str = declare("paper", "the initialisation scheme", choices=INITS, reads=IGNORED, forward=False,
+                        fork_refused=_INIT, member=False, surface=False, hashed=ALWAYS, tables=COMPARED, shown=True)
+    ln_eps: float = declare(1e-5, "LayerNorm's epsilon", reads=VALUE, forward=True, member=False, surface=True,
+                            hashed=ALWAYS, tables=DISTINCT)
+    rms_eps: float = declare(1e-8, "RMSNorm's epsilon", reads=VALUE, forward=True, member=False, surface=True,
+                             hashed=ALWAYS, tables=DISTINCT)
+    sphere_eps: float = declare(1e-12, "the sphere norm's floor on ||x||", reads=VALUE, forward=True, member=False,
+                                surface=True, hashed=ALWAYS, tables=DISTINCT)
     # training
-    seed: int = 0
-    lr: float = 6e-4
-    beta1: float = 0.9
-    beta2: float = 0.999
-    weight_decay: float = 1.0
-    optimizer: str = "adamw"  # adamw | sgd | muon (geolens.training.optimizers)
-    momentum: float = 0.9  # SGD's momentum
-    muon_lr: float = 0.02  # Muon's learning rate (its groups; AdamW's is lr)
-    muon_momentum: float = 0.95
-    epochs: int = 5000
-    eval_every: int = 10
-    checkpoints: str = "adaptive"
-    early_stop_after: int | None = None
-    schedule: list[str] = field(default_factory=list)  # lr / weight_decay / tau schedules (model.hyperschedule)
-    norm_clamp: float | None = None  # hold the total parameter L2 norm at this value after every step
-    engine: str = "auto"  # auto | hooked | fast | deep (geolens.model.engines)
-    device: str = "cpu"  # where training runs: cpu | cuda | cuda:N (analysis always runs on the CPU)
-    flush_denormal: bool = False  # CPU float32 subnormals read and written as 0 while training (engine.denormals_flushed)
-    preset: str = ""  # the preset string this config was built from (informational)
+    seed: int = declare(0, "the initialisation seed", reads=IGNORED, forward=False, fork_refused=_INIT, member=True,
+                        surface=False, hashed=ALWAYS, tables=BOOKKEEPING, sweep_axis="--seeds")
+    lr: float = declare(6e-4, "AdamW's (and SGD's) learning rate; Muon's groups take muon_lr", reads=IGNORED,
+                        forward=False, member=True, surface=False, hashed=ALWAYS, tables=DISTINCT, shown=True,
+                        sweep_axis="--lr")
+    beta1: float = declare(0.9, "AdamW's beta1", reads=IGNORED, forward=False, member=True, surface=False,
+                           hashed=ALWAYS, tables=DISTINCT)
+    beta2: float = declare(0.999, "AdamW's beta2", reads=IGNORED, forward=False, member=True, surface=False,
+                           hashed=ALWAYS, tables=DISTINCT)
+    weight_decay: float = declare(1.0, "weight decay (on all parameters)", reads=IGNORED, forward=False, member=True,
+                                  surface=False, hashed=ALWAYS, tables=COMPARED, shown=True, sweep_axis="--wd")
+    optimizer: str = declare("adamw", "the optimizer (geolens.training.optimizers)", choices=OPTIMIZERS,
+                             reads=IGNORED, forward=False, member=False, surface=False, hashed=UNLESS_DEFAULT,
+                             tables=DISTINCT)
+    momentum: float = declare(0.9, "SGD's momentum", reads=IGNORED, forward=False, member=False, surface=False,
+                              hashed=UNLESS_DEFAULT, tables=DISTINCT)
+    muon_lr: float = declare(0.02, "Muon's learning rate (its groups; AdamW's is lr)", reads=IGNORED, forward=False,
+                             member=False, surface=False, hashed=UNLESS_DEFAULT, tables=DISTINCT)
+    muon_momentum: float = declare(0.95, "Muon's momentum", reads=IGNORED, forward=False, member=False,
+                                   surface=False, hashed=UNLESS_DEFAULT, tables=DISTINCT)
+    epochs: int = declare(5000, "full-batch epochs", reads=IGNORED, forward=False, member=False, surface=False,
+                          hashed=ALWAYS, tables=BOOKKEEPING, resume=True, sweep_axis="--epochs")
+    eval_every: int = declare(10, "evaluate every N epochs", reads=IGNORED, forward=False,
+                              fork_refused="the fork keeps the parent's evaluation record", member=False,
+                              surface=False, hashed=ALWAYS, tables=BOOKKEEPING, grid_key="eval_every")
+    checkpoints: str = declare("adaptive", "the checkpoint schedule: every:N, log:K, adaptive[:MAXGAP] or ends",
+                               reads=IGNORED, forward=False, member=False, surface=False, hashed=ALWAYS,
+                               tables=BOOKKEEPING, grid_key="checkpoints")
+    early_stop_after: int | None = declare(None, "stop N epochs after test accuracy stays >= 0.99 (None: never)",
+                                           reads=IGNORED, forward=False, member=True, surface=False, hashed=ALWAYS,
+                                           tables=BOOKKEEPING, resume=True, grid_key="early_stop")
+    schedule: list[str] = declare([], "lr / weight_decay / tau for windows of epochs (geolens.model.hyperschedule), "
+                                  "';'-separated", reads=IGNORED, forward=False, member=True, surface=False,
+                                  hashed=ALWAYS, tables=DISTINCT)
+    norm_clamp: float | None = declare(None, "hold the total parameter L2 norm at this value after every step "
+                                       "(None: no clamp)", reads=IGNORED, forward=True, member=True, surface=False,
+                                       hashed=ALWAYS, tables=DISTINCT)
+    engine: str = declare("auto", "the training forward (geolens.model.engines): auto takes the fastest that "
+                          "computes the model", choices=ENGINES, reads=IGNORED, forward=False, member=False,
+                          surface=False, hashed=ALWAYS, tables=BOOKKEEPING)
+    device: str = declare("cpu", "where training runs: cpu, cuda or cuda:N (analysis always runs on the CPU)",
+                          reads=IGNORED, forward=False, member=False, surface=False, hashed=ALWAYS,
+                          tables=BOOKKEEPING, resume=True)
+    flush_denormal: bool = declare(False, "read and write CPU float32 subnormals as 0 while training "
+                                   "(engine.denormals_flushed)", reads=IGNORED, forward=False, member=False,
+                                   surface=False, hashed=UNLESS_DEFAULT, tables=BOOKKEEPING)
+    preset: str = declare("", "the preset string this config was built from (informational)", reads=IGNORED,
+                          forward=False, member=True, surface=False, hashed=ALWAYS, tables=BOOKKEEPING,
+                          sweep_axis="--preset")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -152,19 +221,14 @@ class GeoConfig:
     # ---- checks -----------------------------------------------------------------------------
     def validate(self) -> None:
         self._check_types()
-        _choice("task", self.task, TASKS)
         norms = [n.strip() for n in self.norm.split(",")]
-        for n in norms:
-            _choice("norm", n, NORMS)
+        for f in dataclasses.fields(self):  # the declared choices (norm: each per-layer value)
+            choices = f.metadata["roles"].choices
+            for value in (norms if f.name == "norm" else [getattr(self, f.name)]) if choices else ():
+                _choice(f.name, value, choices)
         if len(norms) > 1 and len(norms) != self.n_layers:
             raise GeoError(f"norm = '{self.norm}' gives {len(norms)} per-layer norms but n_layers = {self.n_layers}; "
                            f"give one norm, or one per layer (e.g. --set n_layers={len(norms)})")
-        _choice("norm_placement", self.norm_placement, PLACEMENTS)
-        _choice("unembed", self.unembed, UNEMBEDS)
-        _choice("attention", self.attention, ATTENTIONS)
-        _choice("init", self.init, INITS)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _choice("engine", self.engine, ENGINES)
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise GeoError(f"device = {self.device!r} is not a device; use cpu, cuda or cuda:N")
         if self.task in ("add", "sub", "mul", "add3") and not _is_prime(self.p):
@@ -247,9 +311,12 @@ class GeoConfig:
 
     def sha256(self) -> str:
         """Hex SHA-256 of the config as canonical JSON (sorted keys): a run's identity in a fork's lineage.
-        Every field, except a field of HASHED_UNLESS_DEFAULT at its default: fields added later leave the
-        identities recorded before them (a fork's parent_identity) valid."""
-        d = {k: v for k, v in self.to_dict().items() if not (k in HASHED_UNLESS_DEFAULT and v == _DEFAULTS[k])}
+        Every field, except a field hashed 'unless default' (its declared roles) at its default: fields added
+        later leave the identities recorded before them (a fork's parent_identity) valid."""
+        d = self.to_dict()
+        for f in dataclasses.fields(self):
+            if f.metadata["roles"].hashed == UNLESS_DEFAULT and d[f.name] == default_of(f):
+                del d[f.name]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     @classmethod
@@ -264,9 +331,18 @@ class GeoConfig:
         return GeoConfig.from_dict({**self.to_dict(), **overrides})
 
 
+#: every field's declared roles (geolens.model.roles), in declaration order; importing this module checks them
+FIELD_ROLES: dict[str, Roles] = roles_of(GeoConfig)
+
+
+def config_fields(**criteria: Any) -> tuple[str, ...]:
+    """GeoConfig's fields whose declared roles meet every criterion, in declaration order:
+    config_fields(member=True), config_fields(fast='value'), config_fields(tables='bookkeeping')."""
+    return select(GeoConfig, **criteria)
+
+
 #: fields added after fork identities were first recorded: hashed by sha256 only when not at their default
-HASHED_UNLESS_DEFAULT = ("norm_placement", "optimizer", "momentum", "muon_lr", "muon_momentum", "flush_denormal")
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GeoConfig) if f.name in HASHED_UNLESS_DEFAULT}
+HASHED_UNLESS_DEFAULT = config_fields(hashed=UNLESS_DEFAULT)
 
 
 # ---- presets -------------------------------------------------------------------------------

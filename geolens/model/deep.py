@@ -44,23 +44,21 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.errors import GeoError
-from geolens.model.config import ATTENTIONS, NORMS, PLACEMENTS, TASKS, UNEMBEDS, GeoConfig
+from geolens.model.config import ATTENTIONS, NORMS, PLACEMENTS, TASKS, UNEMBEDS, GeoConfig, config_fields
 from geolens.model.fast import _mm
 from geolens.model.lookups import BagLookup, RowLookup, bag_rows, cached_plan, gather_rows
 from geolens.model.readout import bounded_readout
+from geolens.model.roles import IGNORED, VALUE
 
 __all__ = ["deep_unsupported_reason", "deep_logits", "stacked_deep_logits", "deep_eq_values", "deep_flops", "full_flops"]
 
-# every GeoConfig field is classified (tests/test_engines.py checks the cover): the choices this engine
-# computes, the fields read as values, and those that are no part of the forward
+# every GeoConfig field declares how this engine reads it (geolens.model.roles): the values this engine
+# computes of the fields it reads as a choice (tests/test_engines.py checks they are those fields), the
+# fields read as values, and those that are no part of the forward
 DEEP_CHOICES = (("norm", NORMS), ("norm_placement", PLACEMENTS), ("unembed", UNEMBEDS), ("attention", ATTENTIONS),
                 ("task", TASKS))
-DEEP_VALUE_FIELDS = frozenset({"n_layers", "d_model", "n_heads", "d_head", "d_mlp", "tau", "ln_eps", "rms_eps",
-                               "sphere_eps", "causal", "p", "n_perm"})
-DEEP_IGNORED_FIELDS = frozenset({"frac_train", "data_seed", "fourier_init", "init", "seed", "lr", "beta1", "beta2",
-                                 "weight_decay", "optimizer", "momentum", "muon_lr", "muon_momentum", "epochs",
-                                 "eval_every", "checkpoints", "early_stop_after", "engine",
-                                 "device", "preset", "schedule", "norm_clamp", "flush_denormal"})
+DEEP_VALUE_FIELDS = frozenset(config_fields(deep=VALUE))
+DEEP_IGNORED_FIELDS = frozenset(config_fields(deep=IGNORED))
 
 
 MLP_WEIGHTS = ("W_in", "b_in", "W_out", "b_out")

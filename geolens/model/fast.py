@@ -11,7 +11,7 @@ at position 0, [V, 2V) the token at position 1, 2V the `=` row):
     Tab  = VO[r, h] - VO[2V, h] at row h*2V + r (r < 2V), then T[2V] + sum_h VO[2V, h]   [2V*H + 1, D]
 
 (the softmax weights sum to 1, so the `=` key's rows fold into one constant row; with uniform
-attention the heads are summed and weighted 1/3 in the table). Per example (`_Body`, an
+attention the heads are summed and weighted 1/3 in the table). Per example (`_LogitsFromTables`, an
 autograd.Function with a hand-written backward; a, b the tokens at positions 0, 1):
 
     p    = softmax over keys (a, b, =) of Sc[a], Sc[V+b], Sc[2V]       [B, 3, H]
@@ -22,9 +22,9 @@ autograd.Function with a hand-written backward; a, b the tokens at positions 0, 
 
 where s(x) is N2's row scale (rstd, 1/||x||) and Wt = N2's gain * W_in (row-centred for
 LayerNorm), k = N2's offset @ W_in + b_in: so `pre` is a second embedding bag over the rows
-Tab2 = Tab @ Wt (weights scaled by s(x)) instead of a [B, D] x [D, Dm] matmul. With learned
+pre_rows = Tab @ Wt (weights scaled by s(x)) instead of a [B, D] x [D, Dm] matmul. With learned
 attention Tab's token rows are Vh[h] @ W_O[h] (Vh[h] = (T[r] - T[2V]) @ W_V[h], [2V, dh]), so
-their Tab2 rows are Vh[h] @ (W_O[h] @ Wt), and the backward's Tab^T Q and Q @ Wt^T go through the
+their rows of pre_rows are Vh[h] @ (W_O[h] @ Wt), and the backward's Tab^T Q and Q @ Wt^T go through the
 same per-head factors (dh = D / H: 2.5x fewer FLOPs at the paper's sizes).
 
 Backward: dense matmuls for the readout and the MLP (dL/dpre, dL/dW_out). dL/dW_in =
@@ -33,10 +33,10 @@ sum_e s(x_e) x_e (x) dL/dpre_e = Tab^T Q, Q [n_tab, Dm] the transposed MLP-input
 row, the bag-weighted sum of dL/dpre over the examples reading it), then N2's gain, centring and
 offset. dL/dx = A + s(x) dL/dpre @ Wt^T is never formed, so there is no [B, Dm] x [Dm, D] matmul:
 A = N2's backward of dL/dy minus s(x) c n (n N2's normalised input, c = <dL/dpre, pre - k> / D for
-LayerNorm/RMSNorm, <dL/dpre, pre - k> for the sphere, from the dots <Tab2 row, dL/dpre> that are
+LayerNorm/RMSNorm, <dL/dpre, pre - k> for the sphere, from the dots <pre_rows row, dL/dpre> that are
 the MLP-input bag's per-sample-weight gradient). The table rows get dL/dTab = bag^T(A) + Q @ Wt^T
 (bag^T the x bag transposed, with its weights), the attention weights of the x bag get
-<Tab row, A> + s(x) <Tab2 row, dL/dpre> (then the softmax backward, and segment sums onto the
+<Tab row, A> + s(x) <pre_rows row, dL/dpre> (then the softmax backward, and segment sums onto the
 score rows: no atomics, so deterministic on CUDA too), and N2's gain and offset get
 sum_j W_in[d, j] (Tab^T Q)[d, j] and W_in @ dL/db_in on top. Autograd
 carries the table gradients on to W_E, W_pos, N1, W_Q, W_K, W_V, W_O. Causal and non-causal models
@@ -75,6 +75,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections import namedtuple
 from dataclasses import dataclass
 
 import torch
@@ -83,16 +84,18 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.errors import GeoError
-from geolens.model.config import GeoConfig
+from geolens.model.config import GeoConfig, config_fields
 from geolens.model.lookups import BagLookup, cached_plan, segments, slot_dots
 from geolens.model.readout import bounded_readout
+from geolens.model.roles import IGNORED, VALUE
 
 __all__ = ["fast_unsupported_reason", "fast_logits", "stacked_fast_logits", "fast_eq_forward", "FastEq", "fast_flops",
            "FAST_NORMS", "FAST_READOUTS", "FAST_ATTENTIONS"]
 
-# ---- what the fast path computes: every GeoConfig field is classified here -----------------------
-# (tests/test_fast.py checks that these cover GeoConfig's fields, so a new field, or a new value of
-# norm / unembed / attention, is refused until it is implemented and tested here)
+# ---- what the fast path computes: the values of the fields each declares it reads as a choice -----
+# (every GeoConfig field declares how this engine reads it, geolens.model.roles; tests/test_fast.py checks
+# that the choices below are those fields, so a new choice field, or a new value of norm / unembed /
+# attention, is refused until it is implemented and tested here)
 FAST_NORMS = frozenset({"none", "layernorm", "rmsnorm", "sphere"})
 FAST_READOUTS = frozenset({"raw", "bounded"})  # cfg.unembed
 FAST_ATTENTIONS = frozenset({"learned", "uniform"})
@@ -101,14 +104,9 @@ FAST_N_LAYERS = 1
 FAST_N_CTX = 3  # [a, b, =]: the `=` query at the last position
 # read as values, any valid value computes exactly (causal: the mask never hides a key from the
 # last position, the only one that reaches the logits)
-FAST_VALUE_FIELDS = frozenset({"d_model", "n_heads", "d_head", "d_mlp", "tau", "ln_eps", "rms_eps", "sphere_eps",
-                               "causal"})
+FAST_VALUE_FIELDS = frozenset(config_fields(fast=VALUE))
 # no part of the forward (the task and the split give the tokens; init and training settings the weights)
-FAST_IGNORED_FIELDS = frozenset({"task", "p", "n_perm", "frac_train", "data_seed", "fourier_init", "init", "seed",
-                                 "lr", "beta1", "beta2", "weight_decay", "optimizer", "momentum", "muon_lr",
-                                 "muon_momentum", "epochs", "eval_every", "checkpoints",
-                                 "early_stop_after", "engine", "device", "preset", "schedule",
-                                 "norm_clamp", "flush_denormal"})
+FAST_IGNORED_FIELDS = frozenset(config_fields(fast=IGNORED))
 _CHOICES = (("norm", FAST_NORMS), ("unembed", FAST_READOUTS), ("attention", FAST_ATTENTIONS),
             ("norm_placement", FAST_PLACEMENTS))
 
@@ -132,9 +130,9 @@ def fast_flops(cfg: GeoConfig, n_examples: int, backward: bool = True) -> dict[s
 
     'dense': per-example matmuls: forward relu(pre) @ W_out and h3 @ Wr, backward two per forward
     matmul. 'bags': the embedding bags (forward: rows of d_model into x, rows of d_mlp into pre;
-    backward: the transposed bags into Q and dL/dTab, the dots <Tab2 row, dL/dpre> per slot (unless
+    backward: the transposed bags into Q and dL/dTab, the dots <pre_rows row, dL/dpre> per slot (unless
     norm 'none' with uniform attention) and, learned attention, <Tab row, A> per slot). 'tables':
-    per-token table matmuls (x3 for those with gradients when backward), Tab2 and, when backward,
+    per-token table matmuls (x3 for those with gradients when backward), pre_rows and, when backward,
     Tab^T Q and Q @ Wt^T (learned attention: per head through Vh and W_O @ Wt). Elementwise work is
     not counted.
     """
@@ -241,12 +239,12 @@ class _Plan:
 
     Example i = m * B + e is row e of member m; a, b its tokens at positions 0, 1. Table rows are
     rows of the members' tables flattened along the member axis (member m's Tab rows start at
-    m * n_tab, its score rows at m * R; Tab2 holds the M * n_tab rows of Tab @ Wt, then one k row
+    m * n_tab, its score rows at m * R; pre_rows holds the M * n_tab rows of Tab @ Wt, then one k row
     per member):
 
     idx [M*B, n]: the x bag's slots. Learned: h*2V + a for h < H, then h*2V + V + b, then the
     constant row 2V*H (n = 2H + 1); uniform: a, V + b, 2V (n = 3).
-    idx2 [M*B, n + 1]: idx, then member m's k row M*n_tab + m (the MLP-input bag over Tab2).
+    idx2 [M*B, n + 1]: idx, then member m's k row M*n_tab + m (the MLP-input bag over pre_rows).
     Transposed bags (dL/dW_in, dL/dTab): t_src [M*B*n] the example of each idx entry, sorted by
     table row; t_offsets [M*n_tab] where each table row's entries start; t_w, t_w2 the entries'
     flat positions in a [M*B, n] and a [M*B, n + 1] weight tensor.
@@ -356,8 +354,8 @@ class _Forward:
                           for f in dataclasses.fields(self)))
 
 
-def _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr, keep_mlp_out=False) -> _Forward:
-    """The per-example forward (module docstring; inputs as in _Body) from the tables.
+def _forward_body(plan, spec, Sc, Tab, pre_rows, w2, b2, W_out, b_out, w3, b3, Wr, keep_mlp_out=False) -> _Forward:
+    """The per-example forward (module docstring; inputs as in _LogitsFromTables) from the tables.
 
     Returns p [MB, 3, H] the `=` query's softmax over (a, b, =) and wx [MB, 2H + 1] the x bag's
     weights (both None if uniform), x [M, B, D] the
@@ -367,7 +365,7 @@ def _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr, k
     row scale and state), logits [M, B, C].
     """
     M, B, H = plan.M, plan.B, spec.n_heads
-    D, Dm = Tab.shape[-1], Tab2.shape[-1]
+    D, Dm = Tab.shape[-1], pre_rows.shape[-1]
     MB = M * B
     p = wx = None
     if not spec.uniform:
@@ -377,7 +375,7 @@ def _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr, k
         wx[:, : 2 * H] = p[:, :2].reshape(MB, 2 * H)
     x = F.embedding_bag(plan.idx, Tab.view(-1, D), per_sample_weights=wx, mode="sum").view(M, B, D)
     h, a, st2 = _norm_fwd(spec.norm, x, w2, b2, spec.eps)
-    # N2(x) @ W_in + b_in = a * (x @ Wt) + k: the x bag over Tab2 = Tab @ Wt with weights * a, plus k
+    # N2(x) @ W_in + b_in = a * (x @ Wt) + k: the x bag over pre_rows = Tab @ Wt with weights * a, plus k
     n = plan.idx.shape[1]
     w_pre = None
     if a is not None or wx is not None:
@@ -388,7 +386,7 @@ def _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr, k
             w_pre[:, :n] = wx
         else:
             torch.mul(wx, a.view(MB, 1), out=w_pre[:, :n])
-    pre = F.embedding_bag(plan.idx2, Tab2, per_sample_weights=w_pre, mode="sum").view(M, B, Dm)
+    pre = F.embedding_bag(plan.idx2, pre_rows, per_sample_weights=w_pre, mode="sum").view(M, B, Dm)
     post = pre.relu_()
     mlp_out = _mm(post, W_out, b_out[:, None])
     y = mlp_out + h if keep_mlp_out else mlp_out.add_(h)
@@ -397,7 +395,12 @@ def _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr, k
     return _Forward(p, wx, x, h, a, st2, w_pre, post, mlp_out if keep_mlp_out else None, h3, a3, st3, logits)
 
 
-class _Body(torch.autograd.Function):
+#: ctx.needs_input_grad by the name of _LogitsFromTables.forward's input (need.Wr: whether Wr needs a gradient)
+_NeedsGrad = namedtuple("_NeedsGrad", "plan spec Sc Tab pre_rows W_in b_in w2 b2 W_out b_out w3 b3 Wr Wt Vh W_O "
+                                      "z_to_pre given", defaults=(False,))
+
+
+class _LogitsFromTables(torch.autograd.Function):
     """Per-example part of the fast forward (see the module docstring), M members at once.
 
     Inputs: plan (_Plan), spec (_Spec); Sc [M, R, H] scores of the `=` query (None if uniform);
@@ -405,37 +408,39 @@ class _Body(torch.autograd.Function):
     row h*2V + r = VO[r, h] - VO[2V, h] for r in [0, 2V), then the constant row
     T[2V] + sum_h VO[2V, h]; uniform: row r = sum_h VO[r, h] / 3 for r in [0, 2V), then
     T[2V] + sum_h VO[2V, h] / 3; VO[r, h] = T[r] @ W_V[h] @ W_O[h]);
-    Tab2 [M*n_tab + M, Dm] (no grad): the members' Tab @ Wt rows, then their k rows;
+    pre_rows [M*n_tab + M, Dm] (no grad): the members' Tab @ Wt rows, then their k rows;
     W_in [M, D, Dm], b_in [M, Dm]; w2, b2 (N2 params [M, D] or None); W_out [M, Dm, D];
     b_out [M, D]; w3, b3 (N3 params or None); Wr [M, D, C]; Wt [M, D, Dm] (no grad); learned
     attention only (else None): Vh [M*H, 2V, dh] and W_O [M, H, dh, D] (Tab's token rows are
     Vh[h] @ W_O[h]: the backward sends the Q @ Wt^T part of their gradient straight to these) and
-    WOt [M*H, dh, Dm] = W_O[h] @ Wt (no grad); given: None, or the _Forward of exactly these inputs
+    z_to_pre [M*H, dh, Dm] = W_O[h] @ Wt (no grad); given: None, or the _Forward of exactly these inputs
     and parameter values, used instead of recomputing it. Output: logits [M, B, C].
     """
 
     @staticmethod
-    def forward(ctx, plan, spec, Sc, Tab, Tab2, W_in, b_in, w2, b2, W_out, b_out, w3, b3, Wr, Wt, Vh, W_O, WOt,
+    def forward(ctx, plan, spec, Sc, Tab, pre_rows, W_in, b_in, w2, b2, W_out, b_out, w3, b3, Wr, Wt, Vh, W_O, z_to_pre,
                 given=None):
-        f = given if given is not None else _forward_body(plan, spec, Sc, Tab, Tab2, w2, b2, W_out, b_out, w3, b3, Wr)
+        f = given if given is not None else _forward_body(plan, spec, Sc, Tab, pre_rows, w2, b2, W_out, b_out, w3, b3,
+                                                          Wr)
         ctx.plan, ctx.spec = plan, spec
         ctx.st2, ctx.st3, ctx.a2 = f.st2, f.st3, f.a2
-        ctx.save_for_backward(Tab, Tab2, Wt, f.p, f.wx, f.w_pre, f.post, f.h3, W_in, W_out, w2, b2, w3, b3, Wr, Vh,
-                              W_O, WOt)
+        ctx.save_for_backward(Tab, pre_rows, Wt, f.p, f.wx, f.w_pre, f.post, f.h3, W_in, W_out, w2, b2, w3, b3, Wr, Vh,
+                              W_O, z_to_pre)
         return f.logits
 
     @staticmethod
     def backward(ctx, g_logits):
         plan, spec = ctx.plan, ctx.spec
-        Tab, Tab2, Wt, p, wx, w_pre, post, h3, W_in, W_out, w2, b2, w3, b3, Wr, Vh, W_O, WOt = ctx.saved_tensors
-        need = ctx.needs_input_grad
+        (Tab, pre_rows, Wt, p, wx, w_pre, post, h3, W_in, W_out, w2, b2, w3, b3, Wr, Vh, W_O,
+         z_to_pre) = ctx.saved_tensors
+        need = _NeedsGrad(*ctx.needs_input_grad)
         M, B, H, V = plan.M, plan.B, spec.n_heads, spec.d_vocab
         D, Dm, n_tab = Tab.shape[-1], post.shape[-1], plan.n_tab
         MB = M * B
         # readout, N3, MLP output (dense)
-        g_Wr = torch.bmm(h3.transpose(1, 2), g_logits) if need[13] else None
-        g_y, g_w3, g_b3 = _norm_bwd(spec.norm, _mm(g_logits, Wr.transpose(1, 2)), ctx.st3, w3, b3, need[11],
-                                    need[12])
+        g_Wr = torch.bmm(h3.transpose(1, 2), g_logits) if need.Wr else None
+        g_y, g_w3, g_b3 = _norm_bwd(spec.norm, _mm(g_logits, Wr.transpose(1, 2)), ctx.st3, w3, b3, need.w3,
+                                    need.b3)
         g_b_out = g_y.sum(1)
         g_W_out = torch.bmm(post.transpose(1, 2), g_y)
         g_pre = _mm(g_y, W_out.transpose(1, 2))
@@ -455,8 +460,8 @@ class _Body(torch.autograd.Function):
             const_part = torch.bmm(Tab[:, -1:].transpose(1, 2), Qc)
             g_W_in_n = torch.baddbmm(const_part, W_O.reshape(M, -1, D).transpose(1, 2), VQ)
             # and the Q @ Wt^T part of dL/dTab's token rows goes straight to Vh and W_O
-            g_Vh = torch.bmm(Qt, WOt.transpose(1, 2)) if need[15] else None
-            g_W_O = torch.bmm(VQ, Wt.transpose(1, 2)).view(W_O.shape) if need[16] else None
+            g_Vh = torch.bmm(Qt, z_to_pre.transpose(1, 2)) if need.Vh else None
+            g_W_O = torch.bmm(VQ, Wt.transpose(1, 2)).view(W_O.shape) if need.W_O else None
         if spec.norm == "layernorm":  # N2(x) = rstd * (x - mean) * w2 + b2: centre the rows (sum_e n_e (x) g_pre_e)
             g_W_in_n = g_W_in_n - g_W_in_n.mean(1, keepdim=True)
             g_W_in = torch.addcmul(b2[:, :, None] * g_b_in[:, None], w2[:, :, None], g_W_in_n)
@@ -465,12 +470,12 @@ class _Body(torch.autograd.Function):
         # dL/dx = A + a * g_pre @ Wt^T is never formed per example: A = N2's backward of g_y, plus N2's own
         # term along its normalised input n, of size <g_pre, pre - k> = a <g_pre, x @ Wt> (sphere: a dot;
         # LayerNorm/RMSNorm: a mean). The table rows get bag^T(A) + Q @ Wt^T, and the x bag's weights
-        # <Tab row, dL/dx> = <Tab row, A> + a <Tab2 row, g_pre>
-        A, g_w2, g_b2 = _norm_bwd(spec.norm, g_y, ctx.st2, w2, b2, need[7], need[8])
+        # <Tab row, dL/dx> = <Tab row, A> + a <pre_rows row, g_pre>
+        A, g_w2, g_b2 = _norm_bwd(spec.norm, g_y, ctx.st2, w2, b2, need.w2, need.b2)
         a2, n = ctx.a2, plan.idx.shape[1]
         dots = None
-        if a2 is not None or (not spec.uniform and need[2]):
-            dots = plan.slot_dots(g_pre.view(MB, Dm), Tab2)  # <Tab2[r], g_pre_e> per slot
+        if a2 is not None or (not spec.uniform and need.Sc):
+            dots = plan.slot_dots(g_pre.view(MB, Dm), pre_rows)  # <pre_rows[r], g_pre_e> per slot
         if a2 is not None:
             dpk = torch.linalg.vecdot(w_pre[:, :n], dots).view(M, B, 1)
             if spec.norm == "sphere":
@@ -494,7 +499,7 @@ class _Body(torch.autograd.Function):
         else:
             g_Tab[:, -1:] += torch.bmm(Qc, Wt.transpose(1, 2))
         g_Sc = None
-        if not spec.uniform and need[2]:
+        if not spec.uniform and need.Sc:
             # dL/dp for the keys a, b (the `=` key's rows are folded into the constant row, so its dL/dp
             # is 0 up to a shift the softmax Jacobian ignores)
             g_wx = plan.slot_dots(A, Tab.view(-1, D))[:, : 2 * H]
@@ -513,18 +518,18 @@ class _Body(torch.autograd.Function):
 # ---- tables and the entry points --------------------------------------------------------------
 @dataclass
 class _Tables:
-    """Per-token tables (layout in _Body). With autograd: Sc [M, R, H] (None if uniform), Tab
+    """Per-token tables (layout in _LogitsFromTables). With autograd: Sc [M, R, H] (None if uniform), Tab
     [M, n_tab, D], Wr [M, D, C] and (learned attention, else None) Vh [M*H, 2V, dh], the value rows
-    T[r] @ W_V[h] relative to the `=` row (Tab's token rows are Vh[h] @ W_O[h]). Without: Tab2
-    [M*n_tab + M, Dm], Wt [M, D, Dm] and (learned) WOt [M*H, dh, Dm] = W_O[h] @ Wt."""
+    T[r] @ W_V[h] relative to the `=` row (Tab's token rows are Vh[h] @ W_O[h]). Without: pre_rows
+    [M*n_tab + M, Dm], Wt [M, D, Dm] and (learned) z_to_pre [M*H, dh, Dm] = W_O[h] @ Wt."""
 
     Sc: Tensor | None
     Tab: Tensor
-    Tab2: Tensor
+    pre_rows: Tensor
     Wr: Tensor
     Wt: Tensor
     Vh: Tensor | None
-    WOt: Tensor | None
+    z_to_pre: Tensor | None
 
 
 def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int, tau: float) -> _Tables:
@@ -539,7 +544,7 @@ def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int, tau: float) -> _Table
     t2 = T[:, -1:]  # [M, 1, D]
     W_Vf = W_V.permute(0, 2, 1, 3).reshape(M, D, H * dh)
     W_Of = W_O.reshape(M, H * dh, D)
-    Sc = Vh = WOt = None
+    Sc = Vh = z_to_pre = None
     if cfg.attention == "uniform":
         VO = torch.bmm(T, torch.bmm(W_Vf, W_Of) * (1.0 / 3.0))  # [M, R, D]: sum_h T @ W_V[h] @ W_O[h] / 3
         Tab = torch.cat((VO[:, : 2 * V], VO[:, 2 * V :] + t2), 1)
@@ -559,19 +564,19 @@ def _tables(cfg: GeoConfig, P: dict[str, Tensor], eq: int, tau: float) -> _Table
         if cfg.norm == "layernorm":
             Wt = Wt - Wt.mean(1, keepdim=True)
         n_tab, Dm = Tab.shape[1], W_in.shape[-1]
-        Tab2 = torch.empty(M * (n_tab + 1), Dm, dtype=Tab.dtype, device=Tab.device)
+        pre_rows = torch.empty(M * (n_tab + 1), Dm, dtype=Tab.dtype, device=Tab.device)
         if Vh is None:
-            torch.bmm(Tab.detach(), Wt, out=Tab2[: M * n_tab].view(M, n_tab, Dm))
+            torch.bmm(Tab.detach(), Wt, out=pre_rows[: M * n_tab].view(M, n_tab, Dm))
         else:  # token rows VOrel[h] @ Wt = Vh[h] @ (W_O[h] @ Wt): 2.5x fewer FLOPs (dh < D)
-            WOt = torch.bmm(W_O.detach().reshape(M, H * dh, D), Wt).view(M * H, dh, Dm)
-            tab2 = Tab2[: M * n_tab].view(M, n_tab, Dm)
-            torch.matmul(Vh.detach().view(M, H, 2 * V, dh), WOt.view(M, H, dh, Dm),
-                         out=tab2[:, :-1].view(M, H, 2 * V, Dm))
-            torch.bmm(const.detach(), Wt, out=tab2[:, -1:])
-        Tab2[M * n_tab :] = b_in if b2 is None else torch.baddbmm(b_in[:, None], b2[:, None], W_in)[:, 0]
+            z_to_pre = torch.bmm(W_O.detach().reshape(M, H * dh, D), Wt).view(M * H, dh, Dm)
+            table_rows = pre_rows[: M * n_tab].view(M, n_tab, Dm)
+            torch.matmul(Vh.detach().view(M, H, 2 * V, dh), z_to_pre.view(M, H, dh, Dm),
+                         out=table_rows[:, :-1].view(M, H, 2 * V, Dm))
+            torch.bmm(const.detach(), Wt, out=table_rows[:, -1:])
+        pre_rows[M * n_tab :] = b_in if b2 is None else torch.baddbmm(b_in[:, None], b2[:, None], W_in)[:, 0]
     W_U = P["unembed.W_U"]
     Wr = bounded_readout(W_U, tau) if cfg.unembed == "bounded" else W_U
-    return _Tables(Sc, Tab, Tab2, Wr, Wt, Vh, WOt)
+    return _Tables(Sc, Tab, pre_rows, Wr, Wt, Vh, z_to_pre)
 
 
 def _check(cfg: GeoConfig, tokens: list[Tensor]) -> None:
@@ -597,13 +602,13 @@ def _prepare(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[Tensor], ta
 
 def _apply(cfg: GeoConfig, params: dict[str, Tensor], tokens: list[Tensor], tau: float,
            given: _Forward | None = None) -> Tensor:
-    """_Body on the tables of params (with autograd) for the members' checked, non-empty tokens."""
+    """_LogitsFromTables on the tables of params (with autograd) for the members' checked, non-empty tokens."""
     plan, spec, t = _prepare(cfg, params, tokens, tau)
-    return _Body.apply(
-        plan, spec, t.Sc, t.Tab, t.Tab2, params["blocks.0.mlp.W_in"], params["blocks.0.mlp.b_in"],
+    return _LogitsFromTables.apply(
+        plan, spec, t.Sc, t.Tab, t.pre_rows, params["blocks.0.mlp.W_in"], params["blocks.0.mlp.b_in"],
         params.get("blocks.0.attn_norm.w"), params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
         params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"), params.get("blocks.0.mlp_norm.b"), t.Wr, t.Wt,
-        t.Vh, None if t.Vh is None else params["blocks.0.attn.W_O"], t.WOt, given,
+        t.Vh, None if t.Vh is None else params["blocks.0.attn.W_O"], t.z_to_pre, given,
     )
 
 
@@ -665,7 +670,7 @@ def fast_eq_forward(model, tokens: Int[Tensor, "N 3"], full: bool = True) -> Fas
     params = {name: p.detach().unsqueeze(0) for name, p in model.named_parameters()}
     with torch.no_grad():
         plan, spec, t = _prepare(cfg, params, [tokens], model.unembed.tau)
-        f = _forward_body(plan, spec, t.Sc, t.Tab, t.Tab2, params.get("blocks.0.attn_norm.w"),
+        f = _forward_body(plan, spec, t.Sc, t.Tab, t.pre_rows, params.get("blocks.0.attn_norm.w"),
                           params.get("blocks.0.attn_norm.b"), params["blocks.0.mlp.W_out"],
                           params["blocks.0.mlp.b_out"], params.get("blocks.0.mlp_norm.w"),
                           params.get("blocks.0.mlp_norm.b"), t.Wr, keep_mlp_out=full)

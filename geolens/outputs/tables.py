@@ -18,6 +18,7 @@ from typing import Any
 
 from geolens.analysis.significance import fmt_p, holm, smaller_than
 from geolens.errors import GeoError
+from geolens.model.config import config_fields
 from geolens.outputs.paper import TABLES, PaperRow, PaperTable, paper_table
 from geolens.outputs.stats import Summary, summarize, verdict
 from geolens.runs.run import Run
@@ -239,7 +240,7 @@ class BuiltTable:
 
 
 #: the fields a row may differ from its LayerNorm baseline in (the topology compared, and the initialisation)
-COMPARED = ("norm", "unembed", "weight_decay", "fourier_init", "init")
+COMPARED = config_fields(tables="compared")
 
 
 def is_layernorm(group: RunGroup) -> bool:

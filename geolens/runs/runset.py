@@ -14,15 +14,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from geolens.model.config import MODIFIERS, PRESETS, GeoConfig
+from geolens.model.config import MODIFIERS, PRESETS, GeoConfig, config_fields
 from geolens.errors import GeoError
 from geolens.runs.run import Run
 
 #: config fields that do not make a configuration different (who, where, how long, how often recorded)
-BOOKKEEPING = ("seed", "data_seed", "preset", "engine", "device", "checkpoints", "early_stop_after", "epochs", "eval_every",
-               "flush_denormal")
+BOOKKEEPING = config_fields(tables="bookkeeping")
 #: fields a group's name and the tables' columns show; the other non-default fields are "extras"
-SHOWN = ("norm", "unembed", "weight_decay", "attention", "fourier_init", "init", "lr", "task", "p", "n_perm")
+SHOWN = config_fields(shown=True)
 
 
 @dataclass

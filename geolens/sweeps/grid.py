@@ -29,18 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from geolens.errors import GeoError
-from geolens.model.config import GeoConfig, make_config, parse_override, preset_fields
+from geolens.model.config import FIELD_ROLES, GeoConfig, make_config, parse_override, preset_fields
 
 SWEEP_RECORD = "sweep.json"
 LAYOUTS = ("auto", "nested", "flat")
 #: grid-file keys, which are also the `geolens sweep` flag names (presets <-> --preset)
 GRID_KEYS = ("presets", "seeds", "lr", "wd", "task", "p", "epochs", "data_seed", "frac", "eval_every",
              "checkpoints", "early_stop", "layout", "set")
-#: config fields that are grid axes or per-member: not settable with --set
-AXIS_FIELDS = {"preset": "--preset", "seed": "--seeds", "data_seed": "--data-seed", "lr": "--lr",
-               "weight_decay": "--wd", "task": "--task", "p": "--p", "epochs": "--epochs"}
-SHARED_FIELDS = {"frac": "frac_train", "eval_every": "eval_every", "checkpoints": "checkpoints",
-                 "early_stop": "early_stop_after"}
+#: config fields that are grid axes or per-member: not settable with --set (field -> its flag; declared roles)
+AXIS_FIELDS = {name: roles.sweep_axis for name, roles in FIELD_ROLES.items() if roles.sweep_axis}
+#: grid keys shared by every member -> their config field
+SHARED_FIELDS = {roles.grid_key: name for name, roles in FIELD_ROLES.items() if roles.grid_key}
 #: how many members a job holds at least (a lone member gets an unrecorded copy: geolens.training.batched min_stack)
 MIN_STACK = 2
 

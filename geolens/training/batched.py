@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from geolens.errors import GeoError, warn
-from geolens.model.config import GeoConfig
+from geolens.model.config import GeoConfig, config_fields
 from geolens.model.hyperschedule import parse_hyper_schedule
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
@@ -50,8 +50,7 @@ from geolens.training.recording import evaluated_row, from_resume_state, run_hea
 from geolens.training.train import Member, TrainResult, run_epochs
 
 #: config fields members of one batch may differ in (their tau schedules excepted); every other field must agree
-MEMBER_FIELDS = ("seed", "data_seed", "lr", "weight_decay", "beta1", "beta2", "early_stop_after", "preset", "schedule",
-                 "norm_clamp")
+MEMBER_FIELDS = config_fields(member=True)
 ENGINE = "batched"
 
 

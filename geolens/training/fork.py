@@ -21,7 +21,7 @@ from pathlib import Path
 from torch import Tensor
 
 from geolens.errors import GeoError
-from geolens.model.config import GeoConfig
+from geolens.model.config import FIELD_ROLES, GeoConfig, config_fields
 from geolens.model.hyperschedule import parse_hyper_schedule, resolve_relative
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
@@ -36,18 +36,10 @@ from geolens.training.optimizers import check_muon_rate
 from geolens.training.recording import load_optimizer_tensors, optimizer_tensors, run_header, write_checkpoint
 from geolens.training.train import SingleStep, TrainResult, resume
 
-#: fields a fork cannot change, and why
-REFUSED = {
-    **{f: "it changes parameter shapes" for f in ("d_model", "d_mlp", "n_heads", "d_head", "n_layers", "p", "task",
-                                                  "n_perm")},
-    **{f: "the fork trains on the parent's split and data" for f in ("frac_train", "data_seed")},
-    **{f: "the fork starts from the parent's weights, not from an initialisation" for f in ("seed", "init",
-                                                                                            "fourier_init")},
-    "eval_every": "the fork keeps the parent's evaluation record",
-}
+#: fields a fork cannot change, and why (their declared roles, geolens.model.roles)
+REFUSED = {name: roles.fork_refused for name, roles in FIELD_ROLES.items() if roles.fork_refused}
 #: fields whose change alters the forward at the fork step (its metrics row is then evaluated anew)
-FORWARD_FIELDS = ("norm", "norm_placement", "unembed", "attention", "tau", "ln_eps", "rms_eps", "sphere_eps", "causal",
-                  "norm_clamp")
+FORWARD_FIELDS = config_fields(forward=True, fork_refused="")
 
 
 def placement_renames(parent: GeoConfig, cfg: GeoConfig) -> dict[str, str]:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from geolens.errors import GeoError, warn
-from geolens.model.config import GeoConfig
+from geolens.model.config import GeoConfig, config_fields
 from geolens.model.engines import Engine
 from geolens.model.schedule import parse_schedule
 from geolens.model.tasks import make_dataset
@@ -56,7 +56,7 @@ from geolens.training.recording import (
     write_checkpoint,
 )
 
-RESUMABLE_FIELDS = ("epochs", "early_stop_after", "device")
+RESUMABLE_FIELDS = config_fields(resume=True)
 
 
 @dataclass
