@@ -129,7 +129,8 @@
         verdicts.push(`${multi ? r.label + ": " : ""}${word}${isNum(circ) ? `, circularity ${circ.toFixed(2)}` : ""}`);
       });
       if (data.length === 2) return null;
-      return [data, layout(`Clock vs Pizza at the step: ${verdicts.join("<br>")}`, {xaxis: {title: {text: "distance irrelevance"}},
+      return [data, layout(`Clock vs Pizza at the step: ${verdicts.join("<br>")}`, {
+        margin: {l: 52, r: 12, t: 30 + 14 * verdicts.length, b: 30}, xaxis: {title: {text: "distance irrelevance"}},
         yaxis: {title: {text: "gradient symmetricity"}}}), marks, null];
     }};
   }
