@@ -5,7 +5,7 @@ Debian's `chromium`): the shipped trajectories side by side.
     python analyses/explorer/screenshots.py out/explorer_shipped docs/figures
 
 writes explorer_over_training.png (the controls and every panel over training, the slider by epoch relative to
-each run's onset, at the onset) and explorer_at_step_fb.png, explorer_at_step_ln.png (each run's per-step panels
+each run's onset, at the position nearest the onsets) and explorer_at_step_fb.png, explorer_at_step_ln.png (each run's per-step panels
 at that step). PNGs are reduced to a 128-colour palette to stay small.
 """
 
@@ -36,7 +36,8 @@ def main(folder: str, out: str) -> None:
         page.wait_for_function("document.body.dataset.rendered", timeout=300_000)
         page.select_option("#mode", "onset")
         page.wait_for_function("document.body.dataset.rendered", timeout=300_000)
-        zero = page.evaluate("geolensExplorer.state.positions.indexOf(0)")
+        positions = page.evaluate("geolensExplorer.state.positions")
+        zero = min(range(len(positions)), key=lambda j: abs(positions[j]))  # the position nearest the onsets
         page.fill("#step", str(zero))
         page.wait_for_function(f"document.body.dataset.rendered === '{zero}'", timeout=300_000)
         page.evaluate("window.scrollTo(0, 0)")
