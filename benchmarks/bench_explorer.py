@@ -9,6 +9,7 @@
   median and 90th percentile over --moves moves to random checkpoints (budget 100 ms median).
 
     python benchmarks/bench_explorer.py --run RUN [--reps 3] [--moves 60] [--keep DIR]
+    python benchmarks/bench_explorer.py --page DIR [--moves 60]     # only the slider, on an explorer folder
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from geolens.analysis.trajectory import analyze_run
-from geolens.outputs.explorer import write_explorer
-from geolens.runs.run import load_run
-
 
 def explore_once(run: Path, out: Path) -> tuple[float, float]:
     """(wall s, CPU s) of what `geolens explore --run RUN --out OUT` does, the cache present."""
+    from geolens.analysis.trajectory import analyze_run
+    from geolens.outputs.explorer import write_explorer
+    from geolens.runs.run import load_run
+
     shutil.rmtree(out, ignore_errors=True)
     w0, c0 = time.perf_counter(), time.process_time()
     traj = analyze_run(load_run(run), progress=False)
@@ -61,13 +62,30 @@ def slider_ms(out: Path, moves: int, seed: int = 0) -> list[float]:
     return times
 
 
+def print_slider(out: Path, moves: int) -> None:
+    times = sorted(slider_ms(out, moves))
+    p90 = times[int(0.9 * (len(times) - 1))]
+    print(f"slider move, every panel redrawn: median {statistics.median(times):.0f} ms, 90th percentile {p90:.0f} ms "
+          f"({len(times)} moves); load average after {os.getloadavg()[0]:.1f}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", type=Path, required=True)
+    ap.add_argument("--run", type=Path)
+    ap.add_argument("--page", type=Path, help="an explorer folder: time only its slider (geolens is not imported)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--moves", type=int, default=60)
     ap.add_argument("--keep", type=Path, default=None, help="write the explorer here (default: a temporary folder)")
     args = ap.parse_args(argv)
+    if (args.run is None) == (args.page is None):
+        ap.error("give --run RUN or --page DIR")
+    if args.page is not None:
+        print(f"page {args.page}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print_slider(args.page, args.moves)
+        return
+    from geolens.analysis.trajectory import analyze_run
+    from geolens.runs.run import load_run
+
     tmp = Path(tempfile.mkdtemp(prefix="bench_explorer_"))
     out = args.keep or tmp / "explorer"
     try:
@@ -83,10 +101,7 @@ def main(argv=None) -> None:
         if shutil.which("chromium") is None:
             print("slider: skipped (no chromium on PATH)")
             return
-        times = sorted(slider_ms(out, args.moves))
-        p90 = times[int(0.9 * (len(times) - 1))]
-        print(f"slider move, every panel redrawn: median {statistics.median(times):.0f} ms, 90th percentile {p90:.0f} ms "
-              f"({len(times)} moves); load average after {os.getloadavg()[0]:.1f}")
+        print_slider(out, args.moves)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
