@@ -6,7 +6,9 @@
   matrices computed, the folder written),
 - a slider move in headless Chromium (Debian's `chromium`, playwright): the milliseconds from the move to every
   panel redrawn (geolensExplorer.timedMove: the step set, one animation frame, every panel's redraw resolved),
-  median and 90th percentile over --moves moves to random checkpoints (budget 100 ms median).
+  median and 90th percentile over --moves moves to random checkpoints (budget 100 ms median), and the CPU
+  seconds the browser's processes spent per move (user + system of every Chromium process this launch started,
+  psutil): on a loaded machine the wall time measures the load, the CPU time what a move costs.
 
     python benchmarks/bench_explorer.py --run RUN [--reps 3] [--moves 60] [--keep DIR]
     python benchmarks/bench_explorer.py --page DIR [--moves 60]     # only the slider, on an explorer folder
@@ -42,8 +44,24 @@ def folder_mb(out: Path) -> float:
     return sum(f.stat().st_size for f in out.iterdir()) / 1e6
 
 
-def slider_ms(out: Path, moves: int, seed: int = 0) -> list[float]:
-    """Milliseconds of `moves` slider moves to random other checkpoints (after 3 warm-up moves)."""
+def browser_cpu_s() -> float:
+    """CPU seconds (user + system) of every Chromium process started under this one."""
+    import psutil
+
+    total = 0.0
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if "chrom" in proc.name():
+                t = proc.cpu_times()
+                total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def slider_ms(out: Path, moves: int, seed: int = 0) -> tuple[list[float], float]:
+    """(milliseconds of each of `moves` slider moves to random other checkpoints, after 3 warm-up moves; the
+    browser's CPU milliseconds per move)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -54,19 +72,23 @@ def slider_ms(out: Path, moves: int, seed: int = 0) -> list[float]:
         n = page.evaluate("geolensExplorer.state.positions.length")
         rng, pos, times = random.Random(seed), n - 1, []
         for i in range(moves + 3):
+            if i == 3:
+                cpu0 = browser_cpu_s()
             pos = rng.choice([j for j in range(n) if j != pos])
             ms = page.evaluate(f"geolensExplorer.timedMove({pos})")
             if i >= 3:
                 times.append(ms)
+        cpu = (browser_cpu_s() - cpu0) / moves * 1000
         browser.close()
-    return times
+    return times, cpu
 
 
 def print_slider(out: Path, moves: int) -> None:
-    times = sorted(slider_ms(out, moves))
+    times, cpu = slider_ms(out, moves)
+    times.sort()
     p90 = times[int(0.9 * (len(times) - 1))]
-    print(f"slider move, every panel redrawn: median {statistics.median(times):.0f} ms, 90th percentile {p90:.0f} ms "
-          f"({len(times)} moves); load average after {os.getloadavg()[0]:.1f}")
+    print(f"slider move, every panel redrawn: median {statistics.median(times):.0f} ms wall, 90th percentile {p90:.0f} ms "
+          f"({len(times)} moves); browser CPU {cpu:.0f} ms per move; load average after {os.getloadavg()[0]:.1f}")
 
 
 def main(argv=None) -> None:
