@@ -129,8 +129,8 @@ def check_views(page: Page, trajs, layer: int) -> None:
         assert dict(zip(dla["x"], dla["y"])) == pytest.approx({k[4:]: x for k, x in v["dla"].items() if k[4:] in dla["x"]})
         own = min(layer, traj.run.config.n_layers - 1)
         attn = page.plot(f"p-attn-{i}")["data"][0]
-        assert attn["z"] == pytest.approx([[v["attn_eq"][f"attn_eq_{p}_L{own}H{h}"] for p in ("a", "b", "eq")]
-                                          for h in range(traj.run.config.n_heads)])
+        assert [z for row in attn["z"] for z in row] == pytest.approx(
+            [v["attn_eq"][f"attn_eq_{p}_L{own}H{h}"] for h in range(traj.run.config.n_heads) for p in ("a", "b", "eq")])
         circles = page.plot(f"p-circles-{i}")["data"][0]["meta"]
         assert circles["freqs"] == traj.keys
         assert circles["shares"] == pytest.approx([v["embed_circles"][f"embed_circle_share_{r + 1}"]
