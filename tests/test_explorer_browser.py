@@ -100,8 +100,9 @@ def mark(marks: list[dict], run: int, series: str) -> dict:
     return found[0]
 
 
-def check_views(page: Page, trajs, layer: int) -> None:
-    """Every panel shows each run's values at the checkpoint the page says it shows."""
+def check_views(page: Page, trajs, layer: int, onsets: list[int] | None = None) -> None:
+    """Every panel shows each run's values at the checkpoint the page says it shows (onsets: the slider is by epoch
+    relative to these)."""
     for i, traj in enumerate(trajs):
         k = page.shown(i)
         step = traj.steps[k]
@@ -109,7 +110,7 @@ def check_views(page: Page, trajs, layer: int) -> None:
         row = next(r for r in traj.run.metrics if r["epoch"] == step)
         assert mark(page.marks("p-loss"), i, "test")["y"] == pytest.approx(row["test_loss"], rel=1e-12)
         assert mark(page.marks("p-acc"), i, "train")["y"] == pytest.approx(row["train_acc"], rel=1e-12)
-        assert mark(page.marks("p-loss"), i, "test")["x"] == step
+        assert mark(page.marks("p-loss"), i, "test")["x"] == step - (onsets[i] if onsets else 0)
         assert mark(page.marks("p-progress"), i, "restricted")["y"] == pytest.approx(v["restricted_loss"]["restricted_loss"])
         assert mark(page.marks("p-fve"), i, "U")["y"] == pytest.approx(v["fve_paper"]["fve_paper_U_max"])
         assert mark(page.marks("p-conc"), i, "W_L top-5 share")["y"] == pytest.approx(v["keyfreq_wl_fft"]["keyfreq_wl_fft_share"])
@@ -223,6 +224,6 @@ def test_shipped_runs_side_by_side_relative_to_their_onsets(browser, tmp_path):
         assert t.steps[k] == min(t.steps, key=lambda s: (abs(s - onset), s))
         loss = mark(page.marks("p-loss"), i, "test")
         assert loss["x"] == t.steps[k] - onset
-    check_views(page, trajs, layer=0)
+    check_views(page, trajs, layer=0, onsets=onsets)
     assert page.errors == [] and all(u.startswith("file://") for u in page.requests)
     page.close()
