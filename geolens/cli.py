@@ -1,5 +1,5 @@
-"""The `geolens` command line: train, fork, sweep, info, repair, export, analyze, probe, table, figures, precursors,
-noise-floor."""
+"""The `geolens` command line: train, fork, sweep, info, repair, export, analyze, explore, probe, table, figures,
+precursors, noise-floor."""
 
 from __future__ import annotations
 
@@ -308,9 +308,12 @@ def analyze(
                                        "default RUN/analysis. Use it for a read-only run."),
     llc: str = typer.Option("", help="SGLD settings of the llc metric, e.g. lr=1e-7,n_beta=1000,draws=20000 (fields of "
                             "LLCSettings; the rest DEFAULT_LLC's, calibrated on fb: docs/landscape.md)."),
+    explorer: bool = typer.Option(True, help="Also write the trajectory explorer (analysis/explorer/index.html; "
+                                  "`geolens explore` for several runs)."),
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
-    """Evaluate metrics at every checkpoint (cached), write analysis/metrics.csv and analysis/report.html."""
+    """Evaluate metrics at every checkpoint (cached), write analysis/metrics.csv, analysis/report.html and the
+    trajectory explorer analysis/explorer/index.html."""
     from geolens.analysis.llc import LLCSettings
     from geolens.analysis.trajectory import analyze_run
     from geolens.outputs.plots import check_formats
@@ -330,11 +333,33 @@ def analyze(
     report = write_report(traj, _ints(at, "--at"), formats)
     console.print(f"{len(traj.steps)} checkpoints, {traj.computed} metric evaluations computed "
                   f"(the rest from cache); table {traj.out / 'metrics.csv'}; report {report}")
+    if explorer:
+        from geolens.outputs.explorer import write_explorer
+
+        console.print(f"explorer: {write_explorer([traj], traj.out / 'explorer')}")
     by_reason: dict[str, list[str]] = {}
     for name, reason in traj.skipped.items():  # one line per reason: a pre-norm run skips most metrics alike
         by_reason.setdefault(reason, []).append(name)
     for reason, names in by_reason.items():
         console.print(f"skipped {', '.join(names)}: {reason}")
+
+
+@app.command()
+def explore(
+    run: Annotated[list[Path], typer.Option(help="Run directory (repeat --run for several runs side by side).")],
+    out: Path = typer.Option(..., help="Folder for the explorer (index.html, its script, plotly.js, the data); "
+                             "new, empty or an earlier explorer."),
+    quiet: bool = typer.Option(False, help="No progress bar."),
+) -> None:
+    """Write the trajectory explorer: a static page (open OUT/index.html from disk, no server, no network) where one
+    step slider drives every view of the runs; each run's analysis cache is read (what it lacks is computed)."""
+    from geolens.analysis.trajectory import analyze_run
+    from geolens.outputs.explorer import check_out, write_explorer
+    from geolens.runs.run import load_run
+
+    check_out(out)
+    trajs = [analyze_run(load_run(path), progress=not quiet) for path in run]
+    console.print(f"explorer: {write_explorer(trajs, out)} (open it in a browser)")
 
 
 @app.command()
