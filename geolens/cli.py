@@ -423,10 +423,11 @@ def llc_calibrate(
     out: Optional[Path] = typer.Option(None, help="Folder for llc_calibration.md, .csv, .png, .svg "
                                        "(default: RUN/analysis/llc_calibration_STEP)."),
 ) -> None:
-    """Sweep the LLC sampler's step size x n_beta at one checkpoint: estimates, loss traces, which are stable."""
+    """Sweep the LLC sampler's step size x n_beta at one checkpoint: estimates, loss traces, which are stable, and the
+    one setting to use (llc.recommend's rule)."""
     from dataclasses import replace
 
-    from geolens.analysis.llc import DEFAULT_LLC, calibrate
+    from geolens.analysis.llc import DEFAULT_LLC, calibrate, recommend
     from geolens.outputs.llc_report import calibration_table, write_calibration
     from geolens.runs.run import load_run
 
@@ -445,9 +446,10 @@ def llc_calibrate(
     base = replace(base, sampler=sampler, burnin=burnin)
     x, y = r.dataset.train
     rows, curvature = calibrate(r.model_at(step), x, y, grid[0], grid[1], base)
+    picked = recommend(rows, len(x))
     label = f"{r.path} at epoch {step}"
-    paths = write_calibration(rows, base, label, curvature, out or r.path / "analysis" / f"llc_calibration_{step}")
-    console.print(calibration_table(rows, base, label, curvature), markup=False, highlight=False, soft_wrap=True)
+    paths = write_calibration(rows, base, label, curvature, picked, out or r.path / "analysis" / f"llc_calibration_{step}")
+    console.print(calibration_table(rows, base, label, curvature, picked), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, highlight=False, soft_wrap=True)
 
 

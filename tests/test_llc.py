@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from geolens.analysis.llc import LLCSettings, component_masks, drift_factor, judge, model_llc, sample_llc
+from geolens.analysis.llc import STABLE_RHAT, LLCSettings, component_masks, drift_factor, judge, model_llc, sample_llc
 from geolens.errors import GeoError
 from geolens.model.config import make_config
 from geolens.model.tasks import make_dataset
@@ -73,18 +73,158 @@ def test_a_component_estimate_samples_only_its_parameters():
     assert len(whole["trace"][0]) == 20 and whole["llc"] != mlp["llc"]
 
 
-def test_the_judgement_of_a_calibration_setting():
-    flat = {"llc": 2.0, "llc_std": 0.1, "init_loss": 0.04, "trace": [[0.04, 0.05, 0.06, 0.06, 0.06, 0.06, 0.06, 0.06]] * 2}
-    assert judge(flat, chance=math.log(113)) == (True, "stable")
-    rising = {**flat, "trace": [[0.04 + 0.01 * i for i in range(8)]] * 2}
-    assert judge(rising, chance=math.log(113))[1].startswith("the trace still rises")
-    chance = {**flat, "trace": [[4.0] * 8] * 2}
-    assert judge(chance, chance=math.log(113))[1].startswith("the chains climb towards chance loss")
-    assert judge({**flat, "llc": -1.0}, chance=4.7)[1].startswith("the estimate is not positive")
-    assert judge({**flat, "llc_std": 1.0}, chance=4.7)[1].startswith("the chains disagree")
+def _noisy(levels, draws: int = 400, sd: float = 0.05, seed: int = 0) -> list[list[float]]:
+    """Chains [len(levels), draws]: level(draw fraction) plus independent normal noise of sd."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    at = np.linspace(0, 1, draws)
+    return [(np.asarray([level(a) for a in at]) + sd * rng.standard_normal(draws)).tolist() for level in levels]
+
+
+def _estimate(trace, init_loss: float = 0.04, n_beta: float = 100.0) -> dict:
+    import numpy as np
+
+    per_chain = [n_beta * (float(np.mean(t)) - init_loss) for t in trace]
+    return {"llc": float(np.mean(per_chain)), "llc_std": float(np.std(per_chain)), "init_loss": init_loss,
+            "trace": trace}
+
+
+def test_split_rhat_and_bulk_ess_give_their_known_answers():
+    """Independent normal draws: R-hat 1 and an ESS of about every draw; an AR(1) chain of coefficient 0.9: an
+    ESS of about S (1 - 0.9) / (1 + 0.9); chains at different levels, or one drifting within itself: R-hat well
+    above 1."""
+    import numpy as np
+
+    from geolens.analysis.convergence import bulk_ess, split_rhat
+
+    rng = np.random.default_rng(0)
+    iid = rng.standard_normal((4, 1000))
+    assert split_rhat(iid) < 1.01 and 0.9 * 4000 < bulk_ess(iid) < 1.1 * 4000
+    ar = np.zeros((4, 4000))
+    noise = rng.standard_normal((4, 4000))
+    for t in range(1, 4000):
+        ar[:, t] = 0.9 * ar[:, t - 1] + noise[:, t]
+    expected = 16000 * 0.1 / 1.9
+    assert split_rhat(ar) < 1.01 and 0.75 * expected < bulk_ess(ar) < 1.25 * expected
+    assert split_rhat(iid + np.array([[0.0], [0.0], [0.0], [1.0]])) > 1.1  # one chain elsewhere
+    assert split_rhat(iid + np.linspace(0, 2, 1000)) > 1.1  # every chain drifts alike: its halves disagree
+
+
+def test_the_judge_reads_the_whole_trace_in_both_directions_and_across_chains():
+    """A flat noisy trace passes; one that falls (as LayerNorm's plateau chains did between draws 100 and 500) fails
+    as a rising one does; chains that settle at different levels fail; too few effective draws fail; the drift
+    factor fails at or above 1 where it is known; and the older rules hold (chance loss, sign, divergence)."""
+    chance = math.log(113)
+    flat = _estimate(_noisy([lambda a: 0.6] * 2))
+    verdict = judge(flat, chance)
+    assert verdict.stable and verdict.why == "stable" and verdict.rhat < STABLE_RHAT and verdict.drift is None
+    falling = _estimate(_noisy([lambda a: 1.4 - 0.4 * a] * 2))
+    rising = _estimate(_noisy([lambda a: 0.5 + 0.4 * a] * 2))
+    for trace in (falling, rising):
+        assert judge(trace, chance).why.startswith("the chains have not mixed (split-R-hat"), judge(trace, chance)
+    apart = _estimate(_noisy([lambda a: 0.6, lambda a: 0.75]))
+    assert judge(apart, chance).why.startswith("the chains have not mixed")
+    # the shape of LayerNorm's epoch-6,000 chains at lr 1e-7, n_beta 1,000 over 100 draws: the loss jumps from the
+    # checkpoint's within a few draws and then scatters widely; the one-direction rule saw no rise and passed it
+    jump = _estimate(_noisy([lambda a: 0.05 if a < 0.05 else 1.4] * 2, draws=100, sd=0.6, seed=3), 0.054, 1000.0)
+    assert not judge(jump, chance).stable
+    short = _estimate(_noisy([lambda a: 0.6] * 2, draws=60))
+    assert judge(short, chance).why.startswith("too few effective draws (bulk-ESS")
+    assert judge(flat, chance, drift=0.99).stable
+    assert judge(flat, chance, drift=1.62).why.startswith("the step overshoots along the sharpest direction")
+    assert judge({**flat, "trace": [[4.0] * 8] * 2}, chance).why.startswith("the chains climb towards chance loss")
+    assert judge({**flat, "llc": -1.0}, chance).why.startswith("the estimate is not positive")
     blown = {"llc": 7e10, "llc_std": 1e10, "init_loss": 0.05, "trace": [[0.05, float("nan")] * 4] * 2}
-    assert judge(blown, chance=4.7)[1].startswith("the chains diverged")  # NaN compares False with every bound
-    assert judge({**flat, "llc": float("nan")}, chance=4.7)[1].startswith("the chains diverged")
+    assert judge(blown, chance).why.startswith("the chains diverged")  # NaN compares False with every bound
+    assert judge({**flat, "llc": float("nan")}, chance).why.startswith("the chains diverged")
+
+
+def test_the_drift_factor_bounds_the_bias_of_the_step():
+    """On the regular bowl (every direction as sharp as the sharpest) the discretised chain's variance is 2 / (2 - d)
+    times the target's: at a drift factor of 1 the estimate is about twice d/2, at 0.05 about d/2."""
+    rows = torch.zeros(64, 2, dtype=torch.long)
+
+    def estimate(drift):
+        lr = 2 * drift / (BOWL.n_beta * 1.0 + BOWL.localization)
+        return sample_llc(Bowl(4), rows, _loss(2), LLCSettings(**{**BOWL.__dict__, "lr": lr}))
+
+    for drift in (0.05, 1.0):
+        res = estimate(drift)
+        expected = 2.0 * 2 / (2 - drift) * BOWL.n_beta / (BOWL.n_beta + BOWL.localization)
+        assert abs(res["llc"] - expected) < 0.1 * expected, (drift, res["llc"], expected)
+
+
+def test_an_estimate_leaves_no_folder_behind_and_warns_nothing(tmp_path, monkeypatch):
+    """devinterp writes its samples to a zarr folder (by default a mkdtemp folder it never removes, with a warning
+    when the run is large); sample_llc gives it one inside a TemporaryDirectory and removes it."""
+    import tempfile
+    import warnings
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    settings = LLCSettings(**{**BOWL.__dict__, "chains": 2, "draws": 100})  # 2 x 100 x 64 draws: devinterp would warn
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sample_llc(Bowl(4), torch.zeros(64, 2, dtype=torch.long), _loss(2), settings)
+    assert list(tmp_path.iterdir()) == [] and [str(w.message) for w in caught] == []
+
+
+def test_every_training_example_enters_the_sgld_batches():
+    """devinterp's batches drop the last partial one; EveryExample repeats the rows so that a pass is a whole number
+    of batches: at 10 rows and batch 4 each row is drawn exactly twice in the 5 sampling steps of a pass (the rows
+    alone would have left 2 of them out of every step)."""
+    from collections import Counter
+
+    from geolens.analysis.llc import EveryExample
+
+    assert len(EveryExample(torch.zeros(3830, 4), 512)) == 980480 and 980480 % 512 == 0
+    seen = Counter()
+
+    def loss_fn(model, input_ids):
+        if torch.is_grad_enabled():  # the SGLD steps (devinterp computes the checkpoint's loss without gradients)
+            seen.update(input_ids[:, 0].tolist())
+        return ((model.w ** 2).sum() / 2).expand(input_ids.shape[0], input_ids.shape[1] - 1)
+
+    rows = torch.stack([torch.arange(10), torch.zeros(10, dtype=torch.long)], 1)
+    sample_llc(Bowl(4), rows, loss_fn, LLCSettings(**{**BOWL.__dict__, "chains": 1, "draws": 5, "batch_size": 4}))
+    assert seen == Counter({i: 2 for i in range(10)})
+
+
+def test_recommend_picks_one_stable_setting_by_its_rule():
+    """Of the stable settings: the n_beta nearest n / ln n, then the smallest drift factor; none stable: none."""
+    from geolens.analysis.llc import Calibration, Verdict, recommend, wbic_n_beta
+
+    def row(lr, n_beta, drift, stable=True, ess=500.0):
+        return Calibration(lr, n_beta, 10.0, 1.0, 0.04, [[0.1]], Verdict(stable, "stable" if stable else "no", 1.0, ess),
+                           drift)
+
+    assert wbic_n_beta(3830) == pytest.approx(3830 / math.log(3830))  # 464
+    rows = [row(1e-6, 100, 0.01), row(1e-5, 1000, 0.5), row(1e-6, 1000, 0.05), row(1e-7, 1000, 0.005, stable=False)]
+    best, rule = recommend(rows, 3830)
+    assert best is rows[2] and "n / ln n = 464" in rule
+    assert recommend(rows, 300)[0] is rows[0]  # n / ln n = 53: nearer 100
+    best, why = recommend([row(1e-6, 100, 0.01, stable=False)], 3830)
+    assert best is None and why.startswith("no setting is stable")
+
+
+def test_the_settings_columns_keep_samplers_and_component_sets_apart(monkeypatch):
+    """The sampler and the components are recorded among llc_setting_*; precursors.llc_series reads one series per
+    setting (the one most checkpoints share), so estimates by another sampler or component set never join it."""
+    from types import SimpleNamespace
+
+    from geolens.analysis import precursors, trajectory
+
+    plain, pre = LLCSettings(lr=1e-7), LLCSettings(lr=1e-7, sampler="rmsprop_sgld")
+    assert (plain.numbers()["sampler"], pre.numbers()["sampler"]) == (0.0, 1.0)
+    assert [LLCSettings(components=c).numbers()["components"] for c in ("all", "none", "mlp+attn")] == [15.0, 0.0, 6.0]
+    values = {e: {"llc": float(e), "llc_stable": 1.0, **{f"llc_setting_{k}": v for k, v in s.numbers().items()}}
+              for e, s in [(10, plain), (20, pre), (30, plain), (40, pre), (50, plain), (60, pre), (70, pre)]}
+    monkeypatch.setattr(trajectory, "cached_metrics", lambda r, step, names: {"llc": values[step]})
+    run = SimpleNamespace(steps=sorted(values), metrics=[])
+    assert precursors.llc_series(run) == {20: 20.0, 40: 40.0, 60: 60.0, 70: 70.0}  # the preconditioned series only
+    values[20] = {**values[20], "llc_setting_components": 0.0}
+    values[40] = {**values[40], "llc_setting_components": 0.0}
+    assert precursors.llc_series(run) == {10: 10.0, 30: 30.0, 50: 50.0}  # 3 plain now outnumber 2 of each other
 
 
 def test_the_preconditioned_sampler_is_devinterps_rmsprop_sgld():
@@ -114,12 +254,19 @@ def test_llc_calibrate_writes_its_table_and_refuses_bad_input(tmp_path, geolens)
                 "--out", tmp_path / "cal")
     assert r.returncode == 0, r.stderr
     rows = (tmp_path / "cal" / "llc_calibration.csv").read_text().splitlines()
-    assert rows[0] == "lr,n_beta,drift,llc,llc_std,init_loss,stable" and [row.split(",")[:2] for row in rows[1:]] == [
-        ["1e-06", "10.0"], ["1e-06", "30.0"]]
+    assert rows[0] == "lr,n_beta,drift,llc,llc_std,init_loss,rhat,ess,stable,recommended" and [
+        row.split(",")[:2] for row in rows[1:]] == [["1e-06", "10.0"], ["1e-06", "30.0"]]
     drifts = [float(row.split(",")[2]) for row in rows[1:]]
     assert 0 < drifts[0] < drifts[1]  # the same step at a larger n_beta drifts further
+    stable, picked = [int(row.split(",")[8]) for row in rows[1:]], [int(row.split(",")[9]) for row in rows[1:]]
+    assert sum(picked) == (1 if any(stable) else 0) and all(s for s, p in zip(stable, picked) if p)
     text = (tmp_path / "cal" / "llc_calibration.md").read_text()
     assert "| 1e-06 | 30 |" in text and "Sharpness (top Hessian eigenvalue" in text
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("Recommended: lr 1e-06, n_beta ") and "n / ln n = " in last if any(stable) else (
+        last.startswith("Recommended: none; no setting is stable")), last
+    traces = (tmp_path / "cal" / "llc_traces.csv").read_text().splitlines()
+    assert traces[0] == "lr,n_beta,chain,draw,loss" and len(traces) == 1 + 2 * LLCSettings().chains * LLCSettings().draws
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--lr", "fast")
     assert r.returncode == 2 and "--lr 'fast' is not a number" in r.stderr
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--sampler", "hmc")
@@ -153,10 +300,12 @@ def test_analyze_takes_llc_settings_keys_the_cache_by_them_and_keeps_them_in_the
     first = at_20()
     assert (first["llc_setting_draws"], first["llc_setting_lr"]) == (20, 1e-6) and math.isfinite(first["llc"])
     assert first["llc_stable"] in (0.0, 1.0) and not any(name.startswith("llc_mlp") for name in first)  # whole only
+    assert first["llc_rhat"] > 0 and first["llc_ess"] > 0 and (first["llc_setting_sampler"], first["llc_setting_components"]) == (0, 0)
     assert "0 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,components=none")
     assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,components=mlp")
     some = at_20()
     assert some["llc"] == first["llc"] and math.isfinite(some["llc_mlp"]) and "llc_attn" not in some
+    assert some["llc_mlp_stable"] in (0.0, 1.0) and some["llc_mlp_rhat"] > 0  # each component judged on its own traces
     assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20")
     first = at_20()
     assert all(math.isfinite(first[f"llc_{c}"]) for c in ("embed", "attn", "mlp", "unembed"))
@@ -216,3 +365,21 @@ def test_loss_spikes_are_the_records_rows_that_lost_the_training_set_after_fitti
     assert loss_spikes(rows) == {30, 60}
     assert loss_spikes([{"epoch": 5, "train_acc": 1.0}, {"epoch": 9, "train_acc": 0.9}]) == {9}
     assert loss_spikes(rows[:2]) == set()
+
+
+def test_recorded_verdicts_take_the_drift_factor_where_the_row_holds_the_sharpness():
+    """A table row with the checkpoint's sharpness beside the llc settings is judged with its drift factor too
+    (lr 1e-7, n_beta 1,000: sharpness 31,810 gives 1.59, not usable); a verdict recorded before the judge read the
+    whole trace (no llc_rhat) is marked as the old rule's; the preconditioned sampler's step has no drift factor."""
+    from geolens.analysis.llc import recorded_drift, stable_word, usable
+
+    settings = {f"llc_setting_{k}": v for k, v in LLCSettings(lr=1e-7, n_beta=1000.0).numbers().items()}
+    new = {"llc": 1485.0, "llc_stable": 1.0, "llc_rhat": 1.01, **settings}
+    assert usable(new) and stable_word(new) == "yes" and recorded_drift(new) is None
+    sharp = {**new, "sharpness": 31810.0}
+    assert recorded_drift(sharp) == pytest.approx(1.591) and not usable(sharp) and stable_word(sharp) == "no: drift 1.59"
+    assert usable({**sharp, "sharpness": 230.0}) and stable_word({**sharp, "sharpness": 230.0}) == "yes"
+    old = {k: v for k, v in sharp.items() if k not in ("llc_rhat", "llc_setting_sampler", "llc_setting_components")}
+    assert stable_word(old) == "no: drift 1.59 (trace: old rule)" and stable_word({**old, "sharpness": 230.0}) == (
+        "yes (trace: old rule)")
+    assert recorded_drift({**sharp, "llc_setting_sampler": 1.0}) is None and stable_word({"llc": 1.0}) == "-"

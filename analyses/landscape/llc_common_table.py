@@ -4,8 +4,11 @@ llc-calibrate` outputs of one (lr, n_beta) each.
     python analyses/landscape/llc_common_table.py [FOLDER]   # FOLDER/llc_common.md (default results/landscape/llc_common)
 
 Every FOLDER/*/llc_calibration.md becomes one row: the checkpoint, its sharpness, chains x draws, the estimate with
-its standard deviation over chains, the loss the chains end at and the judgement (geolens.analysis.llc.judge),
-ordered by run, epoch and draws.
+its standard deviation over chains, the loss the chains end at, the chains' split-R-hat and bulk-ESS and the
+judgement (geolens.analysis.llc.judge), ordered by run, epoch and draws. A table written before judge read the
+whole trace (no R-hat column) keeps its verdict marked '(trace: old rule)': the one-direction rule, which failed a rising
+last quarter only; its R-hat and ESS are '-' (its traces were not kept). Its drift factor is judged here
+(llc.STABLE_DRIFT_FACTOR), since the table holds it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import argparse
 import re
 import sys
 from pathlib import Path
+
+from geolens.analysis.llc import STABLE_DRIFT_FACTOR
 
 HEAD = re.compile(r"^# LLC calibration: (?P<run>\S+) at epoch (?P<epoch>\d+)$", re.M)
 SETTING = re.compile(r"(?P<chains>\d+) chains x (?P<draws>\d+) draws.*Sharpness \(top Hessian eigenvalue of the training "
@@ -27,10 +32,18 @@ def row(path: Path) -> tuple[tuple, tuple[str, str], str]:
     rows = [line for line in text.splitlines() if re.match(r"^\| \d", line)]
     if head is None or setting is None or len(rows) != 1:
         raise SystemExit(f"{path}: not a one-setting llc-calibrate table; rerun llc-calibrate with one --lr and one --n-beta")
-    lr, n_beta, drift, llc, std, init, final, stable = [c.strip() for c in rows[0].strip("|").split("|")]
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    if len(cells) == 8:  # written by the one-direction rule, before the R-hat and ESS columns
+        lr, n_beta, drift, llc, std, init, final, stable = cells
+        rhat = ess = "-"
+        if stable == "yes" and not float(drift) < STABLE_DRIFT_FACTOR:
+            stable = f"no: the step overshoots along the sharpest direction (drift factor {drift} >= {STABLE_DRIFT_FACTOR:g})"
+        stable += " (trace: old rule)"
+    else:
+        lr, n_beta, drift, llc, std, init, final, rhat, ess, stable = cells
     run, epoch, draws = Path(head["run"]).name, int(head["epoch"]), int(setting["draws"])
     cells = [run, f"{epoch:,}", setting["sharpness"], drift, f"{setting['chains']} x {draws:,}", f"{llc} ± {std}", init,
-             final, stable]
+             final, rhat, ess, stable]
     return (run, epoch, draws), (lr, n_beta), "| " + " | ".join(cells) + " |"
 
 
@@ -41,8 +54,8 @@ def table(folder: Path) -> str:
         raise SystemExit(f"{folder}: the tables hold different (lr, n_beta) settings {sorted(settings)}; one table per setting")
     (lr, n_beta), = settings
     return (f"SGLD lr {lr}, n_beta {n_beta}\n\n| checkpoint | epoch | sharpness | drift | chains x draws | LLC ± std over "
-            "chains | loss at the checkpoint | chains' final loss | stable |\n"
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(r for _, _, r in rows) + "\n")
+            "chains | loss at the checkpoint | chains' final loss | R-hat | ESS | stable |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(r for _, _, r in rows) + "\n")
 
 
 def main(argv=None) -> None:

@@ -7,8 +7,11 @@
 FOLDER holds seed_N/metrics.csv (`geolens analyze --metrics llc` tables) of one preset's runs, whose training
 records are RECORDS/PRESET/seed_N (PRESET: FOLDER's name; their onset: the first evaluated
 epoch with test accuracy > 0.95). One row per checkpoint whose LLC was estimated with `--draws` draws per chain
-after `--burnin` steps: the seed, the onset, the epoch and its distance to the onset, the LLC with its standard
-deviation over chains, whether the chains were stable (llc.judge), the components' LLCs where estimated, the
+after `--burnin` steps (all at one SGLD setting: the llc_setting_* columns must agree, else it stops): the seed,
+the onset, the epoch and its distance to the onset, the LLC with its standard deviation over chains, whether the
+chains were stable (llc.stable_word: llc.judge's verdict, with the drift factor where the row holds the
+sharpness, marked '(trace: old rule)' where it was recorded before judge read the whole trace; only stable
+estimates, llc.usable, enter the comparisons), the components' LLCs where estimated, the
 sharpness, and the training loss and test accuracy there. When every run has the same number of stable
 estimates, successive ones are compared across runs (paired by seed; an unstable estimate's place taken by the
 next checkpoint estimated). --against adds, at each run's largest and last stable estimates, the exact one-sided
@@ -55,6 +58,12 @@ def estimates(folder: Path, draws: int, records: Path = RECORDS, burnin: int = 0
         points = {e: {**v, "in_loss_spike": float(e in spikes)} for e, v in read_table(run / "metrics.csv").items()
                   if v.get("llc_setting_draws") == draws and v.get("llc_setting_burnin", 0) == burnin}
         out[int(run.name.split("_")[1])] = (onset, points)
+    settings = {tuple(sorted((k, v) for k, v in values.items() if k.startswith("llc_setting_")))
+                for _, points in out.values() for values in points.values()}
+    if len(settings) > 1:
+        raise SystemExit(f"{folder}: the estimates at {draws} draws after {burnin} burn-in steps were made at "
+                         f"{len(settings)} SGLD settings (llc_setting_* differ); they are not comparable, so keep one "
+                         "setting per folder")
     return out
 
 
@@ -73,7 +82,8 @@ def table(est: Estimates) -> str:
     for seed, (onset, points) in est.items():
         for epoch, v in sorted(points.items()):
             to_onset = "-" if onset is None else f"{epoch - onset:+,}"
-            parts = "".join(f"{v[f'llc_{c}']:.4g} | " if f"llc_{c}" in v else "- | " for c in comps)
+            parts = "".join((f"{v[f'llc_{c}']:.4g}{'' if v.get(f'llc_{c}_stable', 1.0) == 1.0 else ' (unstable)'} | "
+                             if f"llc_{c}" in v else "- | ") for c in comps)
             lines.append(f"| {seed} | {'-' if onset is None else f'{onset:,}'} | {epoch:,} | {to_onset} | "
                          f"{v['llc']:.4g} ± {v['llc_std']:.2g} | {stable_word(v)} | {parts}"
                          f"{v.get('sharpness', float('nan')):.4g} | {v['loss_train']:.4g} | {v['acc_test']:.4g} |")
@@ -121,7 +131,8 @@ def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> s
             continue
         held = [c for c in components(a[1], b[1]) if all(f"llc_{c}" in v for vs in chosen.values() for v in vs)]
         for quantity, label in [("llc", ""), *((f"llc_{c}", f", {c}") for c in held)]:
-            va, vb = ([v[quantity] for v in chosen[name]] for name, _ in (a, b))
+            stable = f"{quantity}_stable" if quantity != "llc" else "llc_stable"  # a component's own verdict
+            va, vb = ([v[quantity] for v in chosen[name] if v.get(stable, 1.0) == 1.0] for name, _ in (a, b))
             lines.append(f"- {what}{label}: {b[0]} median {np.median(vb):.4g} ({len(vb)} runs) against {a[0]} "
                          f"{np.median(va):.4g} ({len(va)}); {b[0]} smaller: p = {fmt_p(smaller_than(vb, va))} "
                          "(exact Mann-Whitney, one-sided)")

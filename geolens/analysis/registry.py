@@ -118,24 +118,30 @@ def m_layer_spectrum(ctx: AnalysisContext) -> dict[str, float]:
 
 
 def m_llc(ctx: AnalysisContext) -> dict[str, float]:
+    """The whole model's LLC and each component's (settings.component_list), each judged from its own traces
+    (llc.judge without the drift factor: this metric does not measure the sharpness): llc_stable, llc_rhat,
+    llc_ess and llc_<component>_stable, _rhat, _ess beside the values."""
     from geolens.analysis import llc
 
     x, y = ctx.dataset.train
     settings = ctx.llc or llc.DEFAULT_LLC
-    whole = llc.model_llc(ctx.model, x, y, settings)
-    stable, _ = llc.judge(whole, chance=math.log(ctx.model.cfg.d_vocab_out))
-    out = {"llc": whole["llc"], "llc_std": whole["llc_std"], "llc_init_loss": whole["init_loss"],
-           "llc_stable": float(stable)}
-    for component in settings.component_list:
+    chance = math.log(ctx.model.cfg.d_vocab_out)
+    out: dict[str, float] = {}
+    for component in (None, *settings.component_list):
         res = llc.model_llc(ctx.model, x, y, settings, component)
-        out[f"llc_{component}"], out[f"llc_{component}_std"] = res["llc"], res["llc_std"]
+        verdict = llc.judge(res, chance)
+        name = "llc" if component is None else f"llc_{component}"
+        out.update({name: res["llc"], f"{name}_std": res["llc_std"], f"{name}_stable": float(verdict.stable),
+                    f"{name}_rhat": verdict.rhat, f"{name}_ess": verdict.ess})
+        if component is None:
+            out["llc_init_loss"] = res["init_loss"]
     out.update({f"llc_setting_{k}": v for k, v in settings.numbers().items()})
     return out
 
 
 def llc_version(settings: LLCSettings) -> str:
     """The llc metric's version: its definition's, then the SGLD settings its values were estimated with."""
-    return "2:" + settings.key()
+    return "3:" + settings.key()
 
 
 def m_sharpness(ctx: AnalysisContext) -> dict[str, float]:
@@ -402,10 +408,12 @@ def metric_versions(llc: LLCSettings = DEFAULT_LLC) -> dict[str, str]:
     return {name: spec.version for name, spec in METRICS.items()} | {"llc": llc_version(llc)}
 
 
-#: llc versions whose values estimate what the current one does, the same way (version 2 added the llc_stable
-#: judgement and the components setting to version 1's estimates): cached values of these are read, and
-#: recomputed only when the llc metric is asked for
-LLC_SAME_ESTIMATES = ("1", "2")
+#: llc versions whose values estimate what the current one does (version 2 added the llc_stable judgement and the
+#: components setting to version 1's estimates; version 3 samples every training example, judges the whole trace
+#: and every component, and records the sampler and components among the settings): cached values of these are
+#: read, their verdicts marked as the old rule's in tables (llc.stable_word), and recomputed only when the llc
+#: metric is asked for
+LLC_SAME_ESTIMATES = ("1", "2", "3")
 
 
 def same_definition(name: str, cached: str | None, current: str) -> bool:

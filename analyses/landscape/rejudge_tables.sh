@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Re-render every committed LLC table of docs/landscape.md from its committed records (metrics.csv, llc-calibrate
+# tables) with today's llc.stable_word / llc.usable: verdicts recorded before llc.judge read the whole trace are
+# marked '(trace: old rule)' (their traces were not kept, so they cannot be judged again here), and the drift factor
+# enters the verdict wherever the row holds the checkpoint's sharpness. Then refresh the docs' embedded tables.
+#     bash analyses/landscape/rejudge_tables.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-python}
+R=results/landscape
+for run in fb_seed1 ln_seed1 llc/fb/seed_1 llc/fb/seed_2 llc/fb/seed_3 llc/ln/seed_1 llc/ln/seed_2 llc/ln/seed_3; do
+    $PY analyses/landscape/trajectory_table.py $R/$run/metrics.csv > $R/$run/trajectory.md
+done
+$PY analyses/landscape/llc_common_table.py $R/llc_common > /dev/null
+$PY analyses/landscape/llc_points.py $R/llc/ln --against $R/llc_common_setting/fb > $R/llc/ln_llc_points.md
+$PY analyses/landscape/llc_points.py $R/llc_common_setting/fb > $R/llc_common_setting/fb_llc_points.md
+C="--draws 2000 --burnin 4000"
+$PY analyses/landscape/llc_points.py $R/llc_components/ln $C --against $R/llc_components/fb > $R/llc_components/ln_components.md
+$PY analyses/landscape/llc_points.py $R/llc_components/fb $C > $R/llc_components/fb_components.md
+D=$R/llc_dense; A="$C --records $R/records/llc_dense"
+$PY analyses/landscape/llc_points.py $D/ln $A --against $D/fb > $D/ln_llc_points.md
+$PY analyses/landscape/llc_points.py $D/fb $A > $D/fb_llc_points.md
+for preset in ln fb; do
+    $PY analyses/landscape/llc_points.py $D/$preset $A --landmarks > $D/${preset}_landmarks.md
+done
+$PY analyses/reproduction/embed_tables.py docs/landscape.md
