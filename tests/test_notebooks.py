@@ -104,6 +104,23 @@ def check_clock_vs_pizza(out: str, images: int) -> None:
     assert images == 2
 
 
+def check_tl_progress_measures(out: str, images: int) -> None:
+    chance = number(out, r"ln\(p\) = ([\d.]+)")
+    for name, final in (("fb", 2710), ("ln", 8960)):
+        for step in {"fb": (1000, 2000, 2710), "ln": (6000, 8300, 8960)}[name]:
+            block = re.search(rf"{name} epoch {step}:.*?\n(.*?)\n(.*?)\n", out).group(0)
+            for kind in ("restricted \\(test\\)", "excluded \\(train\\)"):
+                # the TL shortcut sits near chance at every checkpoint, whatever the circuit does
+                assert abs(number(block, rf"{kind}: .*TL shortcut ([\d.]+)") - chance) < 0.5
+        block = re.search(rf"{name} epoch {final}:.*?\n(.*?)\n(.*?)\n", out).group(0)
+        hook_r, geo_r = number(block, r"restricted \(test\): hook ([\d.]+)"), number(block, r"restricted \(test\): hook [\d.]+  geolens ([\d.]+)")
+        assert hook_r < 1.0 and geo_r < 1.0  # the key frequencies alone solve the task once it is grokked
+        assert number(block, r"excluded \(train\): hook ([\d.]+)") > 1.0  # and without them it fails
+    assert number(out, r"fb logit lens with model.W_U: max error ([-\d.e+]+)") < 1e-4
+    assert number(out, r"fb logit lens with model.unembed.W_U: max error ([\d.]+)") > 1.0
+    assert number(out, r"fb resid_mid \+ mlp_out vs resid_post: max error ([\d.]+)") > 0.1
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_as_shipped(name, tmp_path, monkeypatch):
     check = globals().get(f"check_{name}")
@@ -112,4 +129,4 @@ def test_notebook_runs_as_shipped(name, tmp_path, monkeypatch):
 
 
 def test_the_notebooks_are_there():
-    assert {"quickstart", "circuit_at_step", "wl_spectrum", "clock_vs_pizza"} <= set(NOTEBOOKS)
+    assert {"quickstart", "circuit_at_step", "wl_spectrum", "clock_vs_pizza", "tl_progress_measures"} <= set(NOTEBOOKS)

@@ -33,15 +33,16 @@ SMALL = dict(p=7, d_model=16, n_heads=2, d_head=4, d_mlp=16, frac_train=0.5)
 
 @pytest.mark.parametrize("topology", habits.TOPOLOGIES, ids=habits.topology_name)
 def test_each_habit_on_each_topology_is_what_the_table_says(topology):
-    committed = habits.parse(habits.TABLE.read_text())
-    assert habits.row(topology) == committed[habits.topology_name(topology)]
+    assert habits.row(topology) == habits.committed()[habits.topology_name(topology)]
 
 
 def test_the_table_covers_every_topology_and_the_doc_shows_it():
-    rows = habits.parse(habits.TABLE.read_text())
+    rows = habits.committed()
     assert list(rows) == [habits.topology_name(t) for t in habits.TOPOLOGIES]
+    assert all(len(cells) == len(habits.HABITS) for cells in rows.values())
     doc = (ROOT / "docs" / "model.md").read_text()
     assert "<!-- table: results/transformerlens/habits.md -->" in doc
+    assert "<!-- table: results/transformerlens/habit_refusals.md -->" in doc
     refreshed, count = _script("analyses/reproduction/embed_tables.py").embed(doc)
     assert refreshed == doc  # rerun analyses/reproduction/embed_tables.py docs/model.md after habits.py
 

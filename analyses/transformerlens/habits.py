@@ -4,8 +4,8 @@ Every habit runs on a small two-layer model (p = 7, d_model 16, float64, every w
 moved off its initial value by a seeded draw) of each topology: placement post / pre, norm layernorm /
 rmsnorm / none / sphere, readout raw / bounded, learned attention (and one uniform-attention model).
 "exact" means equal to the model's own logits (or activations) to 1e-9, or 1e-5 where TransformerLens
-computes in float32 (its RMSNorm, patching's result store). The table goes to results/transformerlens/habits.md, embedded in
-docs/model.md; tests/test_transformerlens.py recomputes every row and checks the committed table.
+computes in float32 (its RMSNorm, patching's result store). The table goes to results/transformerlens/habits.md (the refusals' messages to
+habit_refusals.md), both embedded in docs/model.md; tests/test_transformerlens.py recomputes every row and checks the committed table.
 
     python analyses/transformerlens/habits.py
 """
@@ -25,6 +25,7 @@ from geolens.runs.storage import atomic_write_bytes
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TABLE = ROOT / "results" / "transformerlens" / "habits.md"
+NOTES = ROOT / "results" / "transformerlens" / "habit_refusals.md"
 SMALL = dict(p=7, d_model=16, n_heads=2, d_head=4, d_mlp=16, n_layers=2, frac_train=0.5, seed=3)
 TOPOLOGIES = [(placement, norm, readout, "learned") for placement in ("post", "pre")
               for norm in ("layernorm", "rmsnorm", "none", "sphere") for readout in ("raw", "bounded")]
@@ -193,9 +194,9 @@ def row(topology) -> dict[str, str]:
     return {name: outcome(habit, topology) for name, habit in HABITS.items()}
 
 
-def render(rows: dict[str, dict[str, str]]) -> str:
-    """One Markdown table, one row per habit and one column per topology; refusals as [n], whose
-    messages follow the table."""
+def render(rows: dict[str, dict[str, str]]) -> tuple[str, str]:
+    """Two Markdown tables: one row per topology and one column per habit, refusals as [n]; then each
+    refusal's message by its [n]."""
     messages: list[str] = []
 
     def cell(text: str) -> str:
@@ -208,31 +209,36 @@ def render(rows: dict[str, dict[str, str]]) -> str:
     lines = ["| topology | " + " | ".join(HABITS) + " |", "| --- " * (len(HABITS) + 1) + "|"]
     for name, cells in rows.items():
         lines.append(f"| {name} | " + " | ".join(cell(cells[h]) for h in HABITS) + " |")
-    notes = [f"[{i}] {m.removeprefix('refused: ')}" for i, m in enumerate(messages, 1)]
-    return "\n".join(lines) + "\n\n" + "\n\n".join(notes) + "\n"
+    notes = ["| refusal | message |", "| --- | --- |"]
+    notes += [f"| [{i}] | {m.removeprefix('refused: ')} |" for i, m in enumerate(messages, 1)]
+    return "\n".join(lines) + "\n", "\n".join(notes) + "\n"
 
 
-def parse(text: str) -> dict[str, dict[str, str]]:
+def parse(table: str, notes: str) -> dict[str, dict[str, str]]:
     """render's inverse: topology name -> habit -> outcome (refusals with their full message)."""
-    notes = {}
-    for line in text.splitlines():
-        if line.startswith("[") and "] " in line:
-            key, message = line.split("] ", 1)
-            notes[key + "]"] = "refused: " + message
+    messages = {}
+    for line in notes.splitlines()[2:]:
+        key, message = line.strip("| ").split(" | ", 1)
+        messages[key] = "refused: " + message
     rows = {}
-    for line in text.splitlines()[2:]:
-        if not line.startswith("| "):
-            continue
+    for line in table.splitlines()[2:]:
         name, *cells = [c.strip() for c in line.strip("|").split(" | ")]
-        rows[name] = {h: notes.get(c.removeprefix("refused "), c) for h, c in zip(HABITS, cells)}
+        rows[name] = {h: messages.get(c.removeprefix("refused "), c) for h, c in zip(HABITS, cells)}
     return rows
+
+
+def committed() -> dict[str, dict[str, str]]:
+    """The committed table, parsed."""
+    return parse(TABLE.read_text(), NOTES.read_text())
 
 
 def main() -> None:
     rows = {topology_name(t): row(t) for t in TOPOLOGIES}
+    table, notes = render(rows)
     TABLE.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(TABLE, render(rows).encode())
-    print(f"wrote {TABLE.relative_to(ROOT)}")
+    atomic_write_bytes(TABLE, table.encode())
+    atomic_write_bytes(NOTES, notes.encode())
+    print(f"wrote {TABLE.relative_to(ROOT)} and {NOTES.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

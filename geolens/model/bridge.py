@@ -22,7 +22,7 @@ def bridge_unsupported_reason(cfg) -> str | None:
     if cfg.hybrid:
         return f"its layers' norms differ (norm = '{cfg.norm}'), while TransformerLens has one normalization_type"
     if cfg.layer_norms[0] not in TL_NORMS:
-        return f"its norm '{cfg.layer_norms[0]}' (x / ||x||) is none of TransformerLens's norms (LN, RMS, none)"
+        return f"its norm '{cfg.layer_norms[0]}' (x over its L2 norm) is none of TransformerLens's norms (LN, RMS, none)"
     if cfg.unembed == "bounded":
         return ("its bounded readout normalises W_U's columns on every forward, while TransformerLens's unembed is "
                 "h @ W_U + b_U")
