@@ -31,7 +31,7 @@ habits = _script("analyses/transformerlens/habits.py")
 SMALL = dict(p=7, d_model=16, n_heads=2, d_head=4, d_mlp=16, frac_train=0.5)
 
 
-@pytest.mark.parametrize("topology", habits.TOPOLOGIES, ids=habits.topology_name)
+@pytest.mark.parametrize("topology", habits.TOPOLOGIES, ids=lambda t: habits.topology_name(t).replace(" ", "-"))
 def test_each_habit_on_each_topology_is_what_the_table_says(topology):
     assert habits.row(topology) == habits.committed()[habits.topology_name(topology)]
 
