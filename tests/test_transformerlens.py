@@ -89,13 +89,15 @@ def test_norms_of_the_other_placement_are_refused_in_one_line():
         pre.nonsense  # noqa: B018
 
 
-def test_post_norm_apply_ln_to_stack_refuses_recompute_ln():
+def test_post_norm_apply_ln_to_stack_is_the_identity_on_its_decompositions():
+    """What TransformerLens's docstring promises on this model: the parts of the final stream, scaled by
+    apply_ln_to_stack, add up to what the readout reads (the stream itself: no norm sits before the readout)."""
     model = GeoTransformer(make_config("ln", **SMALL))
     _, cache = model.run_with_cache(make_dataset(model.cfg).tokens[:4])
     parts = cache.decompose_resid()
-    assert torch.equal(cache.apply_ln_to_stack(parts), parts)
-    with pytest.raises(GeoError, match="recompute_ln"):
-        cache.apply_ln_to_stack(parts, recompute_ln=True)
+    scaled = cache.apply_ln_to_stack(parts)
+    assert torch.equal(scaled, parts) and torch.equal(cache.apply_ln_to_stack(parts, recompute_ln=True), parts)
+    assert habits.close(scaled.sum(0), cache["blocks.0.hook_resid_post"], 1e-5)
 
 
 def test_flags_set_on_a_model_do_not_reach_another_model_of_the_same_config():

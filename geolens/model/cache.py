@@ -175,10 +175,8 @@ class GeoActivationCache(ActivationCache):
         carried through every norm they pass, so they add up to the stream the readout reads and
         logit_attrs of them adds up to the logits. A stack of raw writes (compute_head_results,
         get_neuron_results, hook_attn_out: what enters a norm's input) is not a decomposition of any
-        stream; decompose it with this cache's methods instead. recompute_ln is refused post-norm."""
-        if recompute_ln and not self.pre_norm:
-            raise GeoError("recompute_ln re-applies a final pre-unembed norm to each part; a post-norm GeoTransformer "
-                           "has none (its final stream is already the last mlp_norm's output): drop recompute_ln")
+        stream; decompose it with this cache's methods instead. recompute_ln changes nothing post-norm
+        either (accumulated_resid(apply_ln=True) passes it: each cached stream is already a norm's output)."""
         if self.pre_norm and self.model.cfg.hybrid:
             raise GeoError(f"apply_ln_to_stack rescales with one kind of norm (TransformerLens's cfg.normalization_type), "
                            f"but this model's layers differ (norm = '{self.model.cfg.norm}'); divide the stack by the "
