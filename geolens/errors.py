@@ -15,3 +15,8 @@ def warn(message: str) -> None:
     import warnings
 
     warnings.warn(message, GeoWarning, stacklevel=2)
+
+
+class GeoAttributeError(GeoError, AttributeError):
+    """An attribute a model does not have for a reason worth one line (e.g. TransformerLens's ln_final
+    asked of a post-norm model); an AttributeError, so hasattr() still answers False."""

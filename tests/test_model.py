@@ -62,7 +62,7 @@ def test_hook_names_complete():
     model = GeoTransformer(make_config("fb", **SMALL))
     block = [
         "hook_resid_pre", "attn.hook_q", "attn.hook_k", "attn.hook_v", "attn.hook_attn_scores",
-        "attn.hook_pattern", "attn.hook_z", "hook_attn_out", "attn_norm.hook_scale",
+        "attn.hook_pattern", "attn.hook_z", "attn.hook_result", "hook_attn_out", "attn_norm.hook_scale",
         "attn_norm.hook_normalized", "hook_resid_mid", "mlp.hook_pre", "mlp.hook_post", "hook_mlp_out",
         "mlp_norm.hook_scale", "mlp_norm.hook_normalized", "hook_resid_post",
     ]
@@ -73,7 +73,10 @@ def test_hook_names_complete():
     )
     assert sorted(model.hook_dict) == sorted(expected)
     _, cache = model.run_with_cache(tokens_for(model.cfg, 8))
-    assert list(cache.keys()) == expected  # in execution order
+    assert list(cache.keys()) == [h for h in expected if h != "blocks.0.attn.hook_result"]  # in execution order
+    model.set_use_attn_result(True)  # HookedTransformer's per-head writes
+    _, cache = model.run_with_cache(tokens_for(model.cfg, 8))
+    assert list(cache.keys()) == expected and cache["blocks.0.attn.hook_result"].shape == (8, 3, 4, model.cfg.d_model)
     raw = GeoTransformer(make_config("ln", **SMALL))
     assert "unembed.hook_scores" not in raw.hook_dict and "unembed.hook_logits" in raw.hook_dict
 
@@ -279,8 +282,9 @@ def test_cfg_has_the_fields_transformer_lens_reads():
     cfg = make_config("ln", **SMALL)
     assert (cfg.act_fn, cfg.positional_embedding_type, cfg.default_prepend_bos) == ("relu", "standard", False)
     assert (cfg.d_vocab, cfg.d_vocab_out, cfg.n_ctx, cfg.device) == (24, 23, 3, "cpu")
-    assert cfg.normalization_type is None and cfg.attn_only is False and cfg.n_key_value_heads is None
-    assert "act_fn" not in cfg.to_dict()  # TL's view, not part of the run's config
+    assert cfg.normalization_type == "LN" and cfg.norm_placement == "post"  # post-norm LayerNorm is not norm-free
+    assert cfg.attn_only is False and cfg.n_key_value_heads is None and cfg.use_attn_result is False
+    assert "act_fn" not in cfg.to_dict() and "normalization_type" not in cfg.to_dict()  # TL's view, not the run's config
 
 
 @pytest.mark.parametrize("preset", ["ln", "fb"])

@@ -104,6 +104,27 @@ def check_clock_vs_pizza(out: str, images: int) -> None:
     assert images == 2
 
 
+def check_tl_progress_measures(out: str, images: int) -> None:
+    chance = number(out, r"ln\(p\) = ([\d.]+)")
+    for name, steps in (("fb", (1000, 2710)), ("ln", (6000, 8960))):
+        m = {}
+        for step in steps:
+            block = re.search(rf"{name} epoch {step}:.*\n.*\n.*\n", out).group(0)
+            for kind, key in (("restricted", r"restricted \(test\)"), ("excluded", r"excluded \(train\)")):
+                for way in ("hook", "geolens", "TL shortcut"):
+                    m[step, kind, way] = number(block, rf"{key}: .*{way} ([\d.]+)")
+            # the TL shortcut's logits are on the wrong scale: chance when restricted, ~nothing removed when excluded
+            assert abs(m[step, "restricted", "TL shortcut"] - chance) < 0.3
+            assert m[step, "excluded", "TL shortcut"] < 0.25
+        first, final = steps[0], steps[-1]
+        for way in ("hook", "geolens"):  # restricting to the key frequencies works better once the circuit forms
+            assert m[final, "restricted", way] < m[first, "restricted", way]
+        assert m[final, "excluded", "hook"] > 1.0  # removing the key frequencies the hook way breaks the model
+    assert number(out, r"fb logit lens with model.W_U: max error ([-\d.e+]+)") < 1e-4
+    assert number(out, r"fb logit lens with model.unembed.W_U: max error ([\d.]+)") > 1.0
+    assert number(out, r"fb resid_mid \+ mlp_out vs resid_post: max error ([\d.]+)") > 0.1
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs_as_shipped(name, tmp_path, monkeypatch):
     check = globals().get(f"check_{name}")
@@ -112,4 +133,4 @@ def test_notebook_runs_as_shipped(name, tmp_path, monkeypatch):
 
 
 def test_the_notebooks_are_there():
-    assert {"quickstart", "circuit_at_step", "wl_spectrum", "clock_vs_pizza"} <= set(NOTEBOOKS)
+    assert {"quickstart", "circuit_at_step", "wl_spectrum", "clock_vs_pizza", "tl_progress_measures"} <= set(NOTEBOOKS)

@@ -82,7 +82,8 @@ def test_pre_norm_uses_transformer_lens_names():
     assert model.cfg.normalization_type == "LN"
     assert make_config("rms", norm_placement="pre").normalization_type == "RMS"
     assert make_config("fb", norm_placement="pre").normalization_type == "RMS"  # hook_scale = ||x||: divide by it
-    assert make_config("ln").normalization_type is None  # post-norm: TransformerLens's rescaling does not apply
+    assert make_config("ln").normalization_type == "LN"  # the kind; cfg.norm_placement says where it sits
+    assert make_config("none", norm_placement="pre").normalization_type is None
     with pytest.raises(GeoError, match="norm_placement = 'middle' is not valid"):
         make_config("ln", norm_placement="middle")
 

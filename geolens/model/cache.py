@@ -167,9 +167,16 @@ class GeoActivationCache(ActivationCache):
 
     def apply_ln_to_stack(self, residual_stack: Tensor, layer: int | None = None, mlp_input: bool = False,
                           pos_slice=None, batch_slice=None, has_batch_dim: bool = True, recompute_ln: bool = False) -> Tensor:
-        """Post-norm: the identity (after batch_slice): a GeoTransformer has no norm between a stream and
-        what reads it, and the parts of this cache's decompositions have already been carried through the
-        norms they pass. Pre-norm: TransformerLens's (refused for a hybrid, whose norms differ by layer)."""
+        """Pre-norm: TransformerLens's (centre for a LayerNorm, divide by the cached hook_scale of the norm
+        that reads the stream at `layer`; refused for a hybrid, whose norms differ by layer). Post-norm:
+        the identity (after batch_slice), which is what the TransformerLens docstring promises for this
+        model: no norm sits between a stream and what reads it (the stream *is* a norm's output), and the
+        parts of this cache's decompositions (decompose_resid, stack_head_results, ...) have already been
+        carried through every norm they pass, so they add up to the stream the readout reads and
+        logit_attrs of them adds up to the logits. A stack of raw writes (compute_head_results,
+        get_neuron_results, hook_attn_out: what enters a norm's input) is not a decomposition of any
+        stream; decompose it with this cache's methods instead. recompute_ln changes nothing post-norm
+        either (accumulated_resid(apply_ln=True) passes it: each cached stream is already a norm's output)."""
         if self.pre_norm and self.model.cfg.hybrid:
             raise GeoError(f"apply_ln_to_stack rescales with one kind of norm (TransformerLens's cfg.normalization_type), "
                            f"but this model's layers differ (norm = '{self.model.cfg.norm}'); divide the stack by the "
@@ -192,10 +199,11 @@ class GeoActivationCache(ActivationCache):
         return super().logit_attrs(residual_stack, tokens, incorrect_tokens, pos_slice, batch_slice, has_batch_dim)
 
     def logit_lens(self, **kwargs):
-        """Refused: TransformerLens's logit lens reads ln_final -> h @ W_U + b_U, which is not
-        this model's readout path (post-norm: no final norm; either placement: no b_U, and the bounded
-        readout normalises W_U's columns)."""
-        raise GeoError("TransformerLens's logit_lens assumes a final pre-unembed norm and h @ W_U + b_U; for a "
-                       "post-norm GeoTransformer use model.unembed(cache.accumulated_resid()) (exact: every stream is "
-                       "a norm output the readout reads directly), for a pre-norm one "
-                       "model.unembed(model.ln_final(cache.accumulated_resid()))")
+        """Refused: TransformerLens 4's logit_lens (transformer_lens.tools.analysis) reads a TransformerBridge's
+        ln_final -> unembed. Here: model.unembed(stack) for a post-norm model (each stream is a norm output the
+        readout reads directly), model.unembed(model.ln_final(stack)) for a pre-norm one, or TL's own on
+        model.to_transformer_bridge() where TransformerLens can represent the model."""
+        raise GeoError("TransformerLens's logit_lens reads a TransformerBridge's ln_final -> unembed; for a post-norm "
+                       "GeoTransformer use model.unembed(cache.accumulated_resid()) (exact: every stream is a norm output "
+                       "the readout reads directly), for a pre-norm one model.unembed(model.ln_final(cache.accumulated_resid())) "
+                       "or model.to_transformer_bridge() and TransformerLens's own")

@@ -199,24 +199,62 @@ class GeoConfig:
 
     @property
     def normalization_type(self) -> str | None:
-        """What TransformerLens code reads to rescale a residual stack (ActivationCache.apply_ln_to_stack).
-        Post-norm: None (the norms replace the residual stream, TL's pre-norm rescaling does not apply;
-        geolens.model.cache gives the exact decompositions). Pre-norm: 'LN' (layernorm: centre, divide by
-        hook_scale), 'RMS' (rmsnorm, and the sphere, whose hook_scale is ||x||: divide by it), None (none, and
-        hybrids, whose layers differ: geolens.model.cache refuses TL's rescaling for them)."""
-        if self.norm_placement == "post" or self.hybrid or self.layer_norms[0] == "none":
+        """The kind of norm, in TransformerLens's words: 'LN' (layernorm), 'RMS' (rmsnorm, and the sphere,
+        whose hook_scale is ||x||: dividing by it is the projection), None (none, and hybrids, whose layers
+        differ: cfg.layer_norms lists them), or what fold_layer_norm set ('LNPre', 'RMSPre'). For both
+        placements: where the norms sit is cfg.norm_placement ('post': the norm's output replaces the
+        stream, so TransformerLens's pre-norm rescaling does not apply and geolens.model.cache gives the
+        exact decompositions; 'pre': HookedTransformer's)."""
+        if "_normalization_type" in self.__dict__:
+            return self.__dict__["_normalization_type"]
+        if self.hybrid or self.layer_norms[0] == "none":
             return None
         return "LN" if self.layer_norms[0] == "layernorm" else "RMS"
 
-    # HookedTransformerConfig attributes TransformerLens code reads (ActivationCache, patching,
-    # utils). `device` above is the training device.
+    @normalization_type.setter
+    def normalization_type(self, value: str | None) -> None:
+        """Set on a model's own copy by GeoTransformer.fold_layer_norm (as TransformerLens sets 'LNPre');
+        not a field: the config's identity (sha256, to_dict) does not change."""
+        self.__dict__["_normalization_type"] = value
+
+    @property
+    def model_name(self) -> str:
+        """A name for TransformerLens code that prints or keys on cfg.model_name: 'geolens-fb', 'geolens-ln-pre'."""
+        name = self.preset.split("+")[0] if self.preset else self.norm.replace(",", "-")
+        return f"geolens-{name}" + ("-pre" if self.norm_placement == "pre" else "")
+
+    @property
+    def attention_dir(self) -> str:
+        """TransformerLens's 'causal' or 'bidirectional' (cfg.causal)."""
+        return "causal" if self.causal else "bidirectional"
+
+    @property
+    def eps(self) -> float:
+        """The epsilon TransformerLens reads for its norms: ln_eps (layernorm), rms_eps (rmsnorm), sphere_eps."""
+        return {"layernorm": self.ln_eps, "rmsnorm": self.rms_eps, "sphere": self.sphere_eps}.get(self.layer_norms[-1], self.ln_eps)
+
+    # HookedTransformerConfig attributes TransformerLens 4.3's ActivationCache, FactoredMatrix, patching and
+    # tools.analysis read (class attributes, not fields: the config's identity does not change). `device`
+    # above is the training device. use_attn_result is set per model by GeoTransformer.set_use_attn_result.
     attn_only = False
     act_fn = "relu"
     positional_embedding_type = "standard"
     default_prepend_bos = False
     tokenizer_prepends_bos = False
     n_key_value_heads = None
+    per_layer_num_key_value_heads = None
     n_devices = 1
+    use_attn_result = False
+    use_split_qkv_input = False
+    use_attn_in = False
+    use_hook_mlp_in = False
+    parallel_attn_mlp = False
+    layers_block_type = None
+    original_architecture = "GeoTransformer"
+    rmsnorm_uses_offset = False
+    total_ut_steps = None
+    init_weights = True
+    final_rms = False  # a final RMSNorm under LayerNorm blocks: a hybrid, whose normalization_type is None
 
     # ---- checks -----------------------------------------------------------------------------
     def validate(self) -> None:

@@ -46,8 +46,8 @@ from transformer_lens.FactoredMatrix import FactoredMatrix
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.HookedRootModule import HookedRootModule
 
-from geolens.errors import GeoError
-from geolens.model import tasks
+from geolens.errors import GeoAttributeError, GeoError
+from geolens.model import tasks, weight_processing
 from geolens.model.cache import GeoActivationCache
 from geolens.model.config import GeoConfig
 from geolens.model.readout import bounded_readout, unit_columns
@@ -137,7 +137,14 @@ class PosEmbed(nn.Module):
 
 # ---- attention and MLP -----------------------------------------------------------------------
 class Attention(nn.Module):
-    """Multi-head attention without biases. Uniform mode zeroes the scores before the softmax."""
+    """Multi-head attention. Uniform mode zeroes the scores before the softmax.
+
+    The model has no attention biases: b_Q, b_K, b_V [n_heads, d_head] and b_O [d_model] are zero buffers
+    (HookedTransformer's names and shapes; not parameters and not in the state dict, so training, the
+    optimizer state and checkpoints do not see them) that fold_layer_norm fills. With
+    cfg.use_attn_result (GeoTransformer.set_use_attn_result) each head's write z_h W_O^h is hooked at
+    hook_result [batch, pos, head, d_model] and summed.
+    """
 
     def __init__(self, cfg: GeoConfig):
         super().__init__()
@@ -147,13 +154,16 @@ class Attention(nn.Module):
         self.W_K = nn.Parameter(torch.empty(H, D, Dh))
         self.W_V = nn.Parameter(torch.empty(H, D, Dh))
         self.W_O = nn.Parameter(torch.empty(H, Dh, D))
-        for name in ("q", "k", "v", "attn_scores", "pattern", "z"):
+        for name in ("b_Q", "b_K", "b_V"):
+            self.register_buffer(name, torch.zeros(H, Dh), persistent=False)
+        self.register_buffer("b_O", torch.zeros(D), persistent=False)
+        for name in ("q", "k", "v", "attn_scores", "pattern", "z", "result"):
             setattr(self, f"hook_{name}", HookPoint())
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        q = self.hook_q(torch.einsum("bpd,hde->bphe", x, self.W_Q))
-        k = self.hook_k(torch.einsum("bpd,hde->bphe", x, self.W_K))
-        v = self.hook_v(torch.einsum("bpd,hde->bphe", x, self.W_V))
+        q = self.hook_q(torch.einsum("bpd,hde->bphe", x, self.W_Q) + self.b_Q)
+        k = self.hook_k(torch.einsum("bpd,hde->bphe", x, self.W_K) + self.b_K)
+        v = self.hook_v(torch.einsum("bpd,hde->bphe", x, self.W_V) + self.b_V)
         if self.cfg.attention == "uniform":
             scores = x.new_zeros(x.shape[0], self.cfg.n_heads, x.shape[1], x.shape[1])
         else:
@@ -165,7 +175,9 @@ class Attention(nn.Module):
         scores = self.hook_attn_scores(scores)
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         z = self.hook_z(torch.einsum("bhqk,bkhe->bqhe", pattern, v))
-        return torch.einsum("bqhe,hed->bqd", z, self.W_O)
+        if self.cfg.use_attn_result:
+            return self.hook_result(torch.einsum("bqhe,hed->bqhd", z, self.W_O)).sum(-2) + self.b_O
+        return torch.einsum("bqhe,hed->bqd", z, self.W_O) + self.b_O
 
 
 class MLP(nn.Module):
@@ -206,6 +218,13 @@ class Block(nn.Module):
         for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
             setattr(self, f"hook_{name}", HookPoint())
 
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            _refuse_other_placement(name, self.__dict__.get("pre"), "blocks.L")
+            raise
+
     def forward(self, resid: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid)
         if self.pre:
@@ -219,11 +238,13 @@ class Block(nn.Module):
 
 # ---- readouts --------------------------------------------------------------------------------
 class Unembed(nn.Module):
-    """Raw readout logits = h @ W_U; bounded readout logits = tau * h . (W_U column / ||column||).
+    """Raw readout logits = h @ W_U + b_U; bounded readout logits = tau * h . (W_U column / ||column||) + b_U.
 
     h: [..., d_model] (the model passes every position) -> logits [..., d_vocab_out]. The bounded
     readout does not normalise h (on the sphere h is already unit norm, so the logits are tau
-    times a cosine).
+    times a cosine). W_U is the trained parameter (bounded: its columns are normalised on the fly);
+    readout_matrix() is the matrix h is multiplied by. b_U [d_vocab_out] is a zero buffer (the paper's
+    readout has no bias; not a parameter, not in the state dict) that fold_layer_norm / center_unembed set.
     """
 
     def __init__(self, cfg: GeoConfig):
@@ -231,6 +252,7 @@ class Unembed(nn.Module):
         self.bounded = cfg.unembed == "bounded"
         self.tau = cfg.tau
         self.W_U = nn.Parameter(torch.empty(cfg.d_model, cfg.d_vocab_out))
+        self.register_buffer("b_U", torch.zeros(cfg.d_vocab_out), persistent=False)
         self.hook_in = HookPoint()
         if self.bounded:
             self.hook_scores = HookPoint()
@@ -247,8 +269,26 @@ class Unembed(nn.Module):
         h = self.hook_in(h)
         if self.bounded:  # cosines against the unit-norm columns, then tau (the order training used)
             W = unit_columns(self.W_U)
-            return self.hook_logits(self.tau * self.hook_scores(_rows_then_last(h, W)))
-        return self.hook_logits(_rows_then_last(h, self.W_U))
+            return self.hook_logits(self.tau * self.hook_scores(_rows_then_last(h, W)) + self.b_U)
+        return self.hook_logits(_rows_then_last(h, self.W_U) + self.b_U)
+
+
+def _refuse_other_placement(name: str, pre: bool | None, where: str) -> None:
+    """Raise GeoAttributeError when `name` is a norm of the other placement (TransformerLens's ln1 / ln2 /
+    ln_final asked of a post-norm model, or embed_norm / attn_norm / mlp_norm of a pre-norm one)."""
+    if pre is None:
+        return
+    pre_names = {"ln1": "blocks.L.attn_norm", "ln2": "blocks.L.mlp_norm", "ln_final": "blocks[-1].mlp_norm"}
+    post_names = {"embed_norm": "blocks.0.ln1", "attn_norm": "blocks.L.ln2", "mlp_norm": "blocks.(L+1).ln1 / ln_final"}
+    if not pre and name in pre_names:
+        raise GeoAttributeError(
+            f"{where}.{name} is a pre-norm module and this GeoTransformer is post-norm (cfg.norm_placement = 'post'): "
+            f"each norm's output replaces the stream (embed_norm, blocks.L.attn_norm, blocks.L.mlp_norm) and the "
+            f"readout reads blocks[-1].hook_resid_post directly; the nearest module is {pre_names[name]}")
+    if pre and name in post_names:
+        raise GeoAttributeError(
+            f"{where}.{name} is a post-norm module and this GeoTransformer is pre-norm (cfg.norm_placement = 'pre'); "
+            f"the norm that reads the same sublayer input is {post_names[name]}")
 
 
 def _rows_then_last(h: Float[Tensor, "... pos d_model"], W: Float[Tensor, "d_model C"]) -> Float[Tensor, "... pos C"]:
@@ -419,9 +459,61 @@ class GeoTransformer(HookedRootModule):
             return out, cache_dict
         return out, GeoActivationCache(cache_dict, self, has_batch_dim=not remove_batch_dim)
 
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            _refuse_other_placement(name, self.__dict__.get("pre_norm"), "model")
+            raise
+
     def to(self, *args, print_details: bool = False, **kwargs) -> "GeoTransformer":  # type: ignore[override]
         """nn.Module.to, accepting HookedTransformer's print_details keyword (code written for TL passes it)."""
         return super().to(*args, **kwargs)
+
+    # ---- HookedTransformer's weight processing and flags (geolens.model.weight_processing) ----
+    def fold_layer_norm(self, center_weights: bool = True) -> "GeoTransformer":
+        """Fold each pre-norm's gain and offset into the weights and biases that read it, in place; the
+        logits are unchanged and cfg.normalization_type becomes 'LNPre' / 'RMSPre' (as TransformerLens's).
+        Refused post-norm and into the bounded readout (geolens.model.weight_processing says why)."""
+        weight_processing.fold_layer_norm(self, center_weights)
+        return self
+
+    def center_writing_weights(self) -> "GeoTransformer":
+        """Remove the d_model mean of W_E, W_pos, W_O, b_O, W_out, b_out, in place (every norm a LayerNorm,
+        either placement; logits unchanged)."""
+        weight_processing.center_writing_weights(self)
+        return self
+
+    def center_unembed(self) -> "GeoTransformer":
+        """Remove the vocabulary mean of W_U and b_U, in place (raw readout; the softmax is unchanged)."""
+        weight_processing.center_unembed(self)
+        return self
+
+    def process_weights_(self, fold_ln: bool = True, center_writing_weights: bool = True,
+                         center_unembed: bool = True) -> "GeoTransformer":
+        """HookedTransformer.process_weights_: the chosen steps above, each refused where it does not apply."""
+        if fold_ln:
+            self.fold_layer_norm()
+        if center_writing_weights:
+            self.center_writing_weights()
+        if center_unembed:
+            self.center_unembed()
+        return self
+
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Hook each head's write z_h W_O^h at blocks.L.attn.hook_result [batch, pos, head, d_model] (as
+        HookedTransformer's; post-norm it is the head's part of its attn_norm's input). Sets this model's own
+        cfg.use_attn_result."""
+        weight_processing.own_cfg(self)
+        self.cfg.use_attn_result = bool(use_attn_result)
+
+    def to_transformer_bridge(self):
+        """This model as a TransformerLens 4 TransformerBridge (TransformerBridge.boot_native) with the same
+        weights and logits, for the topologies TransformerLens has; refused in one line for the others
+        (geolens.model.bridge)."""
+        from geolens.model.bridge import to_transformer_bridge
+
+        return to_transformer_bridge(self)
 
     # ---- text <-> tokens (the task's vocabulary: operands, then `=`) ----
     def to_tokens(self, input) -> Int[Tensor, "batch n_ctx"]:
@@ -453,10 +545,35 @@ class GeoTransformer(HookedRootModule):
 
     @property
     def W_U(self) -> Float[Tensor, "d_model d_vocab_out"]:
-        """The unembedding parameter. Raw readout: logits = h @ W_U. Bounded readout: logits =
-        tau * h @ (W_U with unit-norm columns); tokens_to_residual_directions gives the exact
-        readout directions for both."""
-        return self.unembed.W_U
+        """The matrix the readout multiplies the final stream by, so that final @ W_U + b_U is the logits
+        (HookedTransformer's logit lens; final = blocks[-1].hook_resid_post post-norm, ln_final of it
+        pre-norm). Raw readout: the parameter unembed.W_U itself. Bounded readout: tau * unit-norm columns
+        of unembed.W_U (geolens.model.readout.bounded_readout), computed from the parameter with its
+        gradient; the parameter unembed.W_U keeps its name because every checkpoint, optimizer state and
+        fork mapping is keyed by it."""
+        return self.unembed.readout_matrix()
+
+    @property
+    def b_U(self) -> Float[Tensor, "d_vocab_out"]:
+        """The readout's bias: zeros unless fold_layer_norm / center_unembed set it."""
+        return self.unembed.b_U
+
+    @property
+    def b_Q(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        """Query biases (zeros: the model has none; fold_layer_norm fills them)."""
+        return self._stacked("attn", "b_Q")
+
+    @property
+    def b_K(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        return self._stacked("attn", "b_K")
+
+    @property
+    def b_V(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        return self._stacked("attn", "b_V")
+
+    @property
+    def b_O(self) -> Float[Tensor, "n_layers d_model"]:
+        return self._stacked("attn", "b_O")
 
     def _stacked(self, sub: str, name: str) -> Tensor:
         return torch.stack([getattr(getattr(block, sub), name) for block in self.blocks], dim=0)
@@ -519,17 +636,20 @@ class GeoTransformer(HookedRootModule):
             return self.blocks[-1].mlp.W_out @ W
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Tensor:
-        """Pre-norm: the sum of the biases written into the stream before the input of `layer` (the
-        b_out of every earlier MLP with include_mlp_biases; attention has no biases), [d_model], as
-        HookedTransformer's. Refused post-norm: there the biases reach a stream through norms that
+        """Pre-norm: the sum of the biases written into the stream before the input of `layer` (every earlier
+        attention's b_O, zero unless folded, and with include_mlp_biases every earlier MLP's b_out; with
+        mlp_input also layer `layer`'s b_O), [d_model], as HookedTransformer's. Refused post-norm: there the biases reach a stream through norms that
         scale per input, so there is no input-independent accumulated bias."""
         if not self.pre_norm:
             raise GeoError("accumulated_bias has no input-independent value in a post-norm GeoTransformer; use the "
                            "'bias' part of cache.get_full_resid_decomposition() or geolens.model.decompose.residual_parts")
         bias = self.embed.W_E.new_zeros(self.cfg.d_model)
         for block in self.blocks[:layer]:
+            bias = bias + block.attn.b_O
             if include_mlp_biases:
                 bias = bias + block.mlp.b_out
+        if mlp_input:
+            bias = bias + self.blocks[layer].attn.b_O
         return bias
 
     def tokens_to_residual_directions(self, tokens) -> Tensor:
