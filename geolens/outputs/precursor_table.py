@@ -257,9 +257,14 @@ def selection_rows(groups: list[RunGroup], forecasts: list[Forecast], min_warnin
         nested = nested_online(group, min_warning, columns, horizon)
         if nested is not None:
             chosen = Counter(c or "none" for c in nested.chosen)
-            rows.append(_selection_row(group.full_label, ", ".join(f"{c} x{k}" for c, k in chosen.most_common()),
-                                       "nested: inside each fold", nested.runs, nested.score))
-    notes.append(f"the column an observer follows is the one with the lowest held-out MAE (misses counted; minimum "
+            untested = chosen.pop("none", 0)
+            rows.append(_selection_row(group.full_label, ", ".join(f"{c} x{k}" for c, k in chosen.most_common()) or "-",
+                                       "nested: inside each fold", nested.runs - untested, nested.score))
+            if untested:
+                notes.append(f"{group.full_label}: nested, {untested} of {nested.runs} folds chose no column (none had a "
+                             "rule in every fold of their fitting seeds; a rule needs two seeds): the procedure is "
+                             "untested there")
+    notes.insert(0, f"the column an observer follows is the one with the lowest held-out MAE (misses counted; minimum "
                  f"warning {min_warning:,}); 'on all seeds': that choice made once on every seed and its held-out error, "
                  "optimistic because the choice saw the held-out seeds; 'nested': for each held-out seed the choice made "
                  "by leave-one-out on the other seeds alone (columns every seed recorded), that column's rule fitted on "
