@@ -120,7 +120,7 @@ def test_precursors_without_runs_is_one_line(tmp_path, geolens):
     assert r.returncode == 2 and "no finished run directory" in one_line_error(r.stderr)
 
 
-EMBEDDED_TABLES = 8  # W_L's crossing, docs/precursors.md: add offline, side by side, add online at warnings 100 and 500, the prospective check, mul offline and online
+EMBEDDED_TABLES = 11  # W_L's crossing, docs/precursors.md: add offline, side by side, the column choice at warnings 100 and 500, the alarms at 100, add online at 100 and 500, the prospective check, mul offline and online
 
 
 def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, monkeypatch):
