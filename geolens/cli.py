@@ -507,7 +507,7 @@ def precursors(
 
     if not online and (save is not None or columns is not None or nongrokking is not None):
         raise GeoError("--save, --columns and --nongrokking apply to the online rules; add --online")
-    if horizon <= min_warning:
+    if online and horizon <= min_warning:
         raise GeoError(f"--horizon {horizon} must exceed --min-warning {min_warning}: an alarm in time comes between them")
     if min_warning < 0:
         raise GeoError(f"--min-warning {min_warning} must be >= 0 epochs")
