@@ -523,19 +523,29 @@ def precursors(
                                         "its runs) to this forecast file, for `geolens train --forecast FILE`."),
     check: Optional[Path] = typer.Option(None, help="Score a forecast file on the runs (new seeds): each run's forecast "
                                          "and onset, against the fitting runs' mean onset (forecast_check.md)."),
+    nongrokking: Optional[Path] = typer.Option(None, help="Online rules: a folder of runs that did not grok within their "
+                                               "budget, scored for false alarms against the configuration equal to "
+                                               "theirs but for weight decay and norm placement (runs of --runs without an "
+                                               "onset count too)."),
+    horizon: int = typer.Option(2000, help="Online rules: an alarm more than this many epochs before the onset is "
+                                "early, a false alarm (precursors_alarms.md)."),
 ) -> None:
     """Which recorded quantity announces the onset: per configuration and precursor, how often its event
     precedes the onset, the lead with its bootstrap interval, its Spearman correlation with the onset
     with a permutation p-value (Holm-corrected over the table) and a leave-one-out prediction; and the
     figure of every precursor against epochs relative to the onset. --online: threshold rules on every
-    recorded column tested held-out, and --save the forecast file."""
+    recorded column tested held-out with their misses and false alarms, the error of choosing the column
+    (nested), lead time against false-alarm rate, and --save the forecast file."""
     from geolens.outputs.plots import save_static
-    from geolens.outputs.precursor_table import (CHECK_COLUMNS, COLUMNS, ONLINE_COLUMNS, check_rows, fig_precursors,
-                                                 load_groups, online_rows, precursor_rows, write_precursor_table)
+    from geolens.outputs.precursor_table import (ALARM_COLUMNS, CHECK_COLUMNS, COLUMNS, ONLINE_COLUMNS, SELECTION_COLUMNS,
+                                                 alarm_rows, check_rows, fig_precursors, load_groups, nongrokking_runs,
+                                                 online_rows, precursor_rows, selection_rows, write_precursor_table)
     from geolens.runs.forecast import write_forecasts
 
-    if not online and (save is not None or columns is not None):
-        raise GeoError("--save and --columns apply to the online rules; add --online")
+    if not online and (save is not None or columns is not None or nongrokking is not None):
+        raise GeoError("--save, --columns and --nongrokking apply to the online rules; add --online")
+    if online and horizon <= min_warning:
+        raise GeoError(f"--horizon {horizon} must exceed --min-warning {min_warning}: an alarm in time comes between them")
     if min_warning < 0:
         raise GeoError(f"--min-warning {min_warning} must be >= 0 epochs")
     groups, found = load_groups(runs)  # read once for every table below
@@ -547,10 +557,21 @@ def precursors(
     if spec is not None:
         paths += save_static(spec, folder, ("png",))
     if online:
-        rows, notes, forecasts = online_rows(groups, found, min_warning, _names(columns))
+        names = _names(columns)
+        more, more_found = load_groups(nongrokking) if nongrokking is not None else ([], [])
+        more_found = [f"runs that did not grok ({nongrokking}): {note}" for note in more_found]
+        negatives = nongrokking_runs(groups, more)
+        rows, notes, forecasts = online_rows(groups, found + more_found, min_warning, names, negatives, horizon)
         _print_rows(f"{runs}: online threshold rules, leave-one-seed-out (min warning {min_warning:,})",
                     ONLINE_COLUMNS, rows, notes)
         paths += write_precursor_table(rows, notes, folder, "precursors_online", ONLINE_COLUMNS)
+        rows, notes = selection_rows(groups, forecasts, min_warning, names, horizon)
+        _print_rows(f"{runs}: the held-out error of choosing the column (on all seeds, and nested)", SELECTION_COLUMNS,
+                    rows, notes)
+        paths += write_precursor_table(rows, notes, folder, "precursors_online_selection", SELECTION_COLUMNS)
+        rows, notes = alarm_rows(groups, forecasts, negatives, min_warning, horizon)
+        _print_rows(f"{runs}: lead time against false alarms (horizon {horizon:,})", ALARM_COLUMNS, rows, notes)
+        paths += write_precursor_table(rows, notes, folder, "precursors_alarms", ALARM_COLUMNS)
         if save is not None:
             paths.append(write_forecasts(save, forecasts, min_warning))
             for f in forecasts:

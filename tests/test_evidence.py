@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from conftest import one_line_error
 
-from geolens.analysis.online_rules import Series, fit_rule, firing_epochs, online_stats
+from geolens.analysis.online_rules import (Series, firing_epochs, fit_rule, held_out, nested_stats, online_stats, operating_points,
+                                          run_auroc)
 from geolens.analysis.precursors import lead_stats, with_holm
 from geolens.analysis.significance import holm, median_ci, sign_test, smaller_than, smaller_within, spearman_test, wilcoxon_less
 from geolens.errors import GeoError
@@ -123,6 +124,86 @@ def test_an_uninformative_column_forecasts_no_better_than_the_mean_onset():
     series = [Series(s.epochs, s.values, o) for s, o in zip((_ramp(int(t) - 2000) for t in starts), ONSETS)]
     stats = online_stats("x", series, min_warning=0)
     assert stats.mae > 0.8 * stats.baseline_mae and (stats.p is None or stats.p > 0.05)
+
+
+def _rise(onset: int | None, lead: int, end: int = 14000) -> Series:
+    """A column that rises linearly from 0 to 1 over 1,000 epochs from `lead` epochs before `onset` (from
+    epoch `lead` on a run without an onset), evaluated every 10."""
+    epochs = np.arange(0, end + 1, 10)
+    start = lead if onset is None else onset - lead
+    return Series(epochs, np.clip((epochs - start) / 1000, 0, 1), onset)
+
+
+def test_choosing_the_column_inside_each_fold_scores_the_whole_procedure():
+    """'good' leads every onset by 2,000 epochs but seed 0's by 5,000; 'ok' by 2,000 -/+ 850 alternately. On all
+    seeds 'good' has the lower held-out MAE (1,000 against 1,020) and is chosen; nested, the folds that keep seed 0
+    among their fitting seeds see 'good' worse and choose 'ok': the procedure's error is 1,350, not 1,000."""
+    onsets = [6000, 7000, 8000, 9000, 10000, 11000]
+    good = [_rise(o, 5000 if i == 0 else 2000) for i, o in enumerate(onsets)]
+    ok = [_rise(o, 2000 + (850 if i % 2 else -850)) for i, o in enumerate(onsets)]
+    # seed 0 held out: fitted lead 2,000, it fires 3,000 early; the others: mean lead 2,000 + 3,000 / 5, 600 off
+    assert online_stats("good", good, 100).mae == pytest.approx((3000 + 5 * 600) / 6)
+    assert online_stats("ok", ok, 100).mae == pytest.approx(1.2 * 850)  # each seed's jitter and a fifth of it
+    nested = nested_stats({"good": good, "ok": ok}, 100)
+    assert nested.chosen == ["good"] + ["ok"] * 5
+    assert nested.score.mae == pytest.approx((3000 + 5 * 1.2 * 850) / 6) and nested.score.fired == 6
+
+
+def test_a_held_out_seed_the_rule_never_fires_on_counts_as_a_miss():
+    """Seed 0's column rises only to 0.2; the other seeds' to 1, after a blip to 0.25 at epoch 500 that makes
+    thresholds below it fire at random leads. Fitted on the other nine, the rule's threshold is above 0.25: it
+    never fires on seed 0. The miss stays in the error (scored as if the rule fired at seed 0's last evaluation,
+    epoch 14,000) and in the Wilcoxon test, as a loss against the mean onset."""
+    series = []
+    for i, o in enumerate(ONSETS):
+        s = _rise(o, 2000)
+        values = np.minimum(s.values, 0.2) if i == 0 else np.where(s.epochs == 500, 0.25, s.values)
+        series.append(Series(s.epochs, values, o))
+    rule = fit_rule(series[1:], "x", min_warning=100)
+    assert rule.threshold > 0.25 and rule.lead == pytest.approx(2000 - 1000 * rule.threshold, abs=10)
+    stats = online_stats("x", series, min_warning=100)
+    assert (stats.runs, stats.no_rule, stats.fired, stats.never) == (10, 0, 9, 1)
+    missed = held_out(series[0], rule, series[1:])
+    assert missed.fired is None and missed.error == pytest.approx(abs(ONSETS[0] - (14000 + rule.lead)))
+    # the scores of the nine fired seeds, and what the miss adds: its error counts, and it is the tenth pair tested
+    fired = [held_out(series[i], fit_rule(series[:i] + series[i + 1:], "x", 100), series[:i] + series[i + 1:])
+             for i in range(1, 10)]
+    assert stats.mae == pytest.approx((missed.error + sum(o.error for o in fired)) / 10)
+    assert stats.baseline_mae == pytest.approx((missed.baseline + sum(o.baseline for o in fired)) / 10)
+    assert stats.p == pytest.approx(wilcoxon_less([missed.error] + [o.error for o in fired],
+                                                  [missed.baseline] + [o.baseline for o in fired]))
+    assert missed.error > missed.baseline and stats.wins == sum(o.error < o.baseline for o in fired)
+
+
+def test_a_rule_firing_on_a_run_that_does_not_grok_is_a_false_alarm():
+    series = [_rise(o, 2000) for o in ONSETS]
+    rises, flat = _rise(None, 3000), Series(np.arange(0, 14001, 10), np.zeros(1401), None)
+    stats = online_stats("x", series, min_warning=100, negatives=[rises, flat])
+    assert (stats.negatives, stats.false_alarms) == (2, 1)
+    assert online_stats("x", series, min_warning=100).false_alarms is None  # no such runs: not measured
+
+
+def test_lead_time_against_false_alarms_on_a_hand_made_set():
+    """Three grokking runs whose column rises 2,000, 3,000 and 6,000 epochs before their onsets (a 1,000-epoch ramp,
+    so threshold t fires lead - 1,000 t before), two runs that do not grok (one rises, one stays flat)."""
+    series = [_rise(6000, 2000), _rise(7000, 3000), _rise(9000, 6000)]
+    negatives = [_rise(None, 3000), Series(np.arange(0, 14001, 10), np.zeros(1401), None)]
+    rule = ThresholdRule("x", "above", 0.5, 1500.0)
+    points = operating_points(rule, series, negatives, min_warning=100, horizon=3000)
+    fitted = next(p for p in points if p.fitted)
+    # t = 0.5 fires 1,500, 2,500 and 5,500 epochs before: two in time (<= 3,000), one early; the rising negative alarms
+    assert (fitted.in_time, fitted.early, fitted.missed, fitted.runs) == (2, 1, 0, 3)
+    assert (fitted.lead_median, fitted.lead_range) == (2000, (1500, 2500))
+    assert (fitted.alarmed, fitted.negatives, fitted.false_alarm_rate) == (1, 2, pytest.approx(2 / 5))
+    assert [p.threshold for p in points] == sorted(p.threshold for p in points)  # 'above': the earliest alarms first
+    assert all(p.runs == 3 and p.negatives == 2 for p in points)
+    # most values before the onsets are 0 (the 10%-40% quantiles): every run starts there, so it alarms at epoch 0,
+    # 6,000-9,000 epochs early on the grokking runs and on both runs that do not grok: every alarm false
+    start = points[0]
+    assert (start.threshold, start.in_time, start.early, start.alarmed, start.false_alarm_rate) == (0.0, 0, 3, 2, 1.0)
+    # the run-level AUROC: grokking runs reach 1 before onset - 100, the negatives 1 and 0: 3 wins, 3 ties of 6 pairs
+    assert run_auroc("above", series, negatives, min_warning=100) == pytest.approx((3 + 0.5 * 3) / 6)
+    assert run_auroc("above", series, [], min_warning=100) is None
 
 
 def test_a_falling_column_gets_a_below_rule():

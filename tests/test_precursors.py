@@ -120,7 +120,7 @@ def test_precursors_without_runs_is_one_line(tmp_path, geolens):
     assert r.returncode == 2 and "no finished run directory" in one_line_error(r.stderr)
 
 
-EMBEDDED_TABLES = 8  # W_L's crossing, docs/precursors.md: add offline, side by side, add online at warnings 100 and 500, the prospective check, mul offline and online
+EMBEDDED_TABLES = 11  # W_L's crossing, docs/precursors.md: add offline, side by side, the column choice at warnings 100 and 500, the alarms at 100, add online at 100 and 500, the prospective check, mul offline and online
 
 
 def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, monkeypatch):
@@ -130,21 +130,31 @@ def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, mon
 
     from conftest import REPO
 
-    from geolens.outputs.precursor_table import (ONLINE_COLUMNS, load_groups, online_rows, precursor_rows,
-                                                 write_precursor_table)
+    from geolens.outputs.precursor_table import (ALARM_COLUMNS, ONLINE_COLUMNS, SELECTION_COLUMNS, alarm_rows,
+                                                 load_groups, nongrokking_runs, online_rows, precursor_rows,
+                                                 selection_rows, write_precursor_table)
     from geolens.runs.forecast import read_forecasts, write_forecasts
 
+    nongrokking = Path("results/depth/records/add/L1")  # tables.sh's --nongrokking for addition
     for grid, folder, warning in (("add", "add", 100), ("mul", "mul", 100), ("add", "add/warning500", 500)):
         monkeypatch.chdir(REPO)  # the tables name runs by the relative paths tables.sh passes
         records, committed = Path("results/precursors/records") / grid, REPO / "results" / "precursors" / folder
+        groups, found = load_groups(records)
         if folder == grid:
-            rows, notes, _ = precursor_rows(*load_groups(records))
+            rows, notes, _ = precursor_rows(groups, found)
             write_precursor_table(rows, notes, tmp_path / folder)
             assert (tmp_path / folder / "precursors.md").read_text() == (committed / "precursors.md").read_text()
-        rows, notes, forecasts = online_rows(*load_groups(records), warning)
-        write_precursor_table(rows, notes, tmp_path / folder, "precursors_online", ONLINE_COLUMNS)
-        assert ((tmp_path / folder / "precursors_online.md").read_text() ==
-                (committed / "precursors_online.md").read_text())
+        more, more_found = load_groups(nongrokking) if grid == "add" else ([], [])
+        negatives = nongrokking_runs(groups, more)
+        found += [f"runs that did not grok ({nongrokking}): {note}" for note in more_found]
+        rows, notes, forecasts = online_rows(groups, found, warning, None, negatives)
+        written = write_precursor_table(rows, notes, tmp_path / folder, "precursors_online", ONLINE_COLUMNS)
+        written += write_precursor_table(*selection_rows(groups, forecasts, warning), tmp_path / folder,
+                                         "precursors_online_selection", SELECTION_COLUMNS)
+        written += write_precursor_table(*alarm_rows(groups, forecasts, negatives, warning), tmp_path / folder,
+                                         "precursors_alarms", ALARM_COLUMNS)
+        for path in written:
+            assert path.read_text() == (committed / path.name).read_text(), path.name
         write_forecasts(tmp_path / folder / "forecast.json", forecasts, warning)
         ours, theirs = read_forecasts(tmp_path / folder / "forecast.json"), read_forecasts(committed / "forecast.json")
         assert [replace(f, key="") for f in ours] == [replace(f, key="") for f in theirs]

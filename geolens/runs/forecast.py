@@ -6,8 +6,9 @@ A ThresholdRule fires at the first evaluation whose value of `column` is >= thre
 <= threshold ('below'): decided by the rows so far, so it fires the same way while a run trains as
 over its finished record. Its forecast of the onset is the firing epoch plus `lead` (the mean lead,
 onset minus firing epoch, of the runs it was fitted on), give or take `error` (its leave-one-seed-out
-mean absolute error on those runs). geolens.analysis.online_rules fits rules; docs/precursors.md
-measures them.
+mean absolute error on those runs, misses counted; chosen as the lowest among a configuration's columns, it
+is optimistic: `geolens precursors --online` also reports the nested error of that choice).
+geolens.analysis.online_rules fits rules; docs/precursors.md measures them.
 
 Forecast file (JSON): {"format": "geolens-forecast", "format_version": 1, "min_warning": N,
 "forecasts": [{"configuration": label, "key": runset.group_key, "seeds": [...], "rule": {...},
