@@ -34,10 +34,11 @@ def asset(name: str) -> str:
 
 
 def run_labels(trajs: list[Trajectory]) -> list[str]:
-    """A short unique label per run: its folder's name, with the parent's where names repeat."""
+    """A short unique label per run: its folder's name, with the parent's where names repeat, numbered where
+    that repeats too (the same run twice)."""
     names = [t.run.path.name for t in trajs]
     labels = [n if names.count(n) == 1 else f"{t.run.path.parent.name}/{n}" for n, t in zip(names, trajs)]
-    return [lab if labels.count(lab) == 1 else f"{lab} ({i + 1})" for i, lab in enumerate(labels)]
+    return [lab if labels.count(lab) == 1 else f"{name} ({i + 1})" for i, (lab, name) in enumerate(zip(labels, names))]
 
 
 def summary_html(payloads: list[dict]) -> str:
