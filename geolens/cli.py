@@ -619,6 +619,7 @@ CONTINUE = {  # how an interrupted command continues from what it wrote
     "demo": "rerun demo: it continues the run from its last checkpoint",
 }
 _terminated = False
+TRAINING_COMMANDS = ("train", "fork", "sweep", "demo")  # their OpenMP wait policy is chosen from the load at start
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -660,6 +661,10 @@ def main() -> None:
     (2: bad input or usage, 130: Ctrl-C, 143: SIGTERM, 1: an internal error, traceback with GEOLENS_DEBUG=1)."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     warnings.showwarning = _show_warning
+    if len(sys.argv) > 1 and sys.argv[1] in TRAINING_COMMANDS and "--help" not in sys.argv:
+        from geolens.training.wait_policy import choose_wait_policy
+
+        choose_wait_policy()  # before torch is imported: how its threads wait, from the load now
     try:
         repeated = _repeated_option(sys.argv[1:])
         if repeated:

@@ -50,6 +50,7 @@ from geolens.sweeps.grid import (
     plan_jobs,
     resolve_layout,
 )
+from geolens.training.progress_bar import LogLines, interactive
 
 BACKENDS = ("local", "ray")
 RECORD_LOCK = ".sweep.lock"  # OUT/.sweep.lock: held while OUT/sweep.json is read and rewritten
@@ -344,18 +345,23 @@ class SweepMonitor:
         self.tracebacks: dict[str, str] = {}
         self.started = _now()
         self.show = progress
+        live = progress and interactive()
+        total, completed = sum(m.cfg.epochs for m in members), sum(self.epoch.values())
         self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("epochs"), TimeElapsedColumn(), TimeRemainingColumn(), disable=not progress)
-        self.task = self.progress.add_task(self._describe(), total=sum(m.cfg.epochs for m in members),
-                                           completed=sum(self.epoch.values()))
+                                 TextColumn("epochs"), TimeElapsedColumn(), TimeRemainingColumn(), disable=not live)
+        self.task = self.progress.add_task(self._describe(), total=total, completed=completed)
+        self.log = LogLines("sweep", total, completed, unit="member-epoch") if progress and not live else None
         self.write_record(finished=False)
 
     def __enter__(self) -> "SweepMonitor":
         self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
+    def __exit__(self, exc_type, *exc) -> None:
+        self.progress.__exit__(exc_type, *exc)
+        if self.log is not None:
+            self.log.stats = self._describe()
+            self.log.close(exc_type)
 
     def handle(self, msg: tuple) -> None:
         kind, job_id = msg[0], msg[1]
@@ -383,6 +389,8 @@ class SweepMonitor:
                 self.progress.console.print(Text.assemble(("failed", "red"), f" {', '.join(m.name for m in members)}: "
                                                           f"{msg[2]}"), highlight=False, soft_wrap=True)
         self.progress.update(self.task, description=self._describe(), completed=sum(self.epoch.values()))
+        if self.log is not None:
+            self.log.update(sum(self.epoch.values()), self._describe())
         if kind in ("done", "failed"):
             self.write_record(finished=False)
 
