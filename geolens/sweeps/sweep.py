@@ -440,6 +440,7 @@ def run_sweep(grid: Grid, out: str | Path, backend: str = "local", workers: int 
     members = expand(grid, out, layout)
     for m in members:
         inspect_member(m, force)
+    check_engines(members)
     prepare_arms(members)
     runner = make_backend(backend, workers, threads, address)
     try:
@@ -463,6 +464,19 @@ def run_sweep(grid: Grid, out: str | Path, backend: str = "local", workers: int 
         if hasattr(runner, "close"):
             runner.close()
     return SweepResult(out, members, dict(monitor.status), dict(monitor.errors))
+
+
+def check_engines(members: list[Member]) -> None:
+    """Refuse in one line, before anything is written or trained, a grid whose named engine (--set engine=...)
+    cannot compute a member's model (one failure per member otherwise)."""
+    from geolens.model.engines import choose_engine
+
+    for m in members:
+        if m.state != "done":
+            try:
+                choose_engine(m.cfg)
+            except GeoError as e:
+                raise GeoError(f"member {m.name}: {e}") from None
 
 
 def prepare_arms(members: list[Member]) -> None:
