@@ -50,9 +50,9 @@ Multi = Optional[list[str]]
 
 def _show_version(value: bool) -> None:
     if value:
-        import geolens
+        from importlib.metadata import version
 
-        console.print(f"geolens {geolens.__version__}")
+        console.print(f"geolens {version('geolens')}")
         raise typer.Exit()
 
 
