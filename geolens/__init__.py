@@ -15,6 +15,7 @@ Public API (imported on first use, so `geolens --help` does not pay for importin
                                load_run(path) opens one as an AnalysisRun
     compute_metrics            every analysis metric of one model (geolens.analysis)
     reference_run              a shipped reference trajectory from checkpoints/ ('fb', 'ln'; geolens.analysis.shipped)
+    __version__                the installed version (`geolens --version`)
 
 Subpackages, one per layer (each imports only from the layers below it; docs/architecture.md):
 model (config, tasks, the hooked model, the fast path), runs (run directories: storage, safety,
@@ -42,7 +43,19 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml), '0+unknown' where geolens is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("geolens")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def __getattr__(name: str):
+    if name == "__version__":
+        return _version()
     if name in _EXPORTS:
         return getattr(import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'geolens' has no attribute {name!r}")

@@ -26,12 +26,16 @@ err = Console(stderr=True, markup=False, highlight=False, soft_wrap=True)
 # training options shared by `train` and `sweep`
 Preset = Annotated[Optional[str], typer.Option(help="ln, rms, none, sphere, fb, sphere_raw; modifiers +uniform, +fourier, "
                                                   "+notebook (default fb).")]
-Task = Annotated[Optional[str], typer.Option(help="add, sub, mul (Z_p), perm (S_n) or add3 (Z_p sums of 3 operands, [a, b, c, =]).")]
-Modulus = Annotated[Optional[int], typer.Option("--p", help="Modulus (prime) for Z_p tasks.")]
-Lr = Annotated[Optional[float], typer.Option(help="AdamW learning rate.")]
-Wd = Annotated[Optional[float], typer.Option(help="Weight decay (on all parameters).")]
-Epochs = Annotated[Optional[int], typer.Option(help="Number of full-batch epochs.")]
-Frac = Annotated[Optional[float], typer.Option(help="Training fraction of all pairs.")]
+# help text is rich markup: a literal [ is written \[
+Task = Annotated[Optional[str], typer.Option(help="add, sub, mul (Z_p), perm (S_n) or add3 (Z_p sums of 3 operands, "
+                                                "\\[a, b, c, =]) (default add).")]
+_DEFAULTS = make_config("fb")  # every preset has the same p, lr, epochs and training fraction
+Modulus = Annotated[Optional[int], typer.Option("--p", help=f"Modulus (prime) for Z_p tasks (default {_DEFAULTS.p}).")]
+Lr = Annotated[Optional[float], typer.Option(help=f"Learning rate (default {_DEFAULTS.lr:g}).")]
+Wd = Annotated[Optional[float], typer.Option(help="Weight decay (on all parameters; default: the preset's, 0 for fb, "
+                                                  "1 for the others).")]
+Epochs = Annotated[Optional[int], typer.Option(help=f"Number of full-batch epochs (default {_DEFAULTS.epochs}).")]
+Frac = Annotated[Optional[float], typer.Option(help=f"Training fraction of all pairs (default {_DEFAULTS.frac_train:g}).")]
 EvalEvery = Annotated[Optional[int], typer.Option(help="Evaluate every N epochs.")]
 Checkpoints = Annotated[Optional[str], typer.Option(help="every:N | log:K | adaptive[:MAXGAP] | ends.")]
 Sets = Annotated[list[str], typer.Option("--set", help="Override any config field: --set d_mlp=256 (repeatable).")]
@@ -42,6 +46,20 @@ Quiet = Annotated[bool, typer.Option(help="No progress bar.")]
 # a sweep's list options: each may be repeated, and its repeats combine as one comma list (--lr 1e-3 --lr 6e-4
 # is --lr 1e-3,6e-4); any other option given twice is refused (_repeated_option)
 Multi = Optional[list[str]]
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        console.print(f"geolens {version('geolens')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                          help="Print the version and exit.")) -> None:
+    """Grokking geometry toolkit."""
 
 
 def _overrides(sets: list[str], schedules: list[str] = (), **named) -> dict:
@@ -130,8 +148,9 @@ def _forecast_rule(path: Path, cfg):
 
 @app.command()
 def sweep(
-    out: Path = typer.Option(..., help="Sweep folder: members go to OUT/seed_<seed> (one configuration) or "
-                             r"OUT/\[<task>/]\[p<p>/]<preset>/lr<lr>/\[wd<wd>/]seed_<seed> (a grid); see docs/cli.md."),
+    out: Path = typer.Option(..., help="Sweep folder: members go to OUT/seed_<seed> (one configuration) or, for a "
+                             "grid, to folders by preset, lr and seed, e.g. OUT/fb/lr6e-4/seed_1 (with task, p and wd "
+                             "levels where those vary; docs/cli.md)."),
     grid: Optional[Path] = typer.Option(None, help="TOML grid file (same keys as these flags; flags given here win)."),
     seeds: Multi = typer.Option(None, help="Initialisation seeds: a range '1-10', a list '1,4,7', or both '1-3,8'."),
     preset: Multi = typer.Option(None, help="Presets, comma-separated: fb,sphere,ln (default fb)."),
@@ -537,9 +556,15 @@ def precursors(
     recorded column tested held-out with their misses and false alarms, the error of choosing the column
     (nested), lead time against false-alarm rate, and --save the forecast file."""
     from geolens.outputs.plots import save_static
+<<<<<<< HEAD
     from geolens.outputs.precursor_table import (ALARM_COLUMNS, CHECK_COLUMNS, COLUMNS, ONLINE_COLUMNS, SELECTION_COLUMNS,
                                                  alarm_rows, check_rows, fig_precursors, load_groups, nongrokking_runs,
                                                  online_rows, precursor_rows, selection_rows, write_precursor_table)
+=======
+    from geolens.outputs.precursor_table import (CHECK_COLUMNS, COLUMNS, ONLINE_COLUMNS, check_columns, check_rows,
+                                                 fig_precursors, load_groups, online_rows, precursor_rows,
+                                                 write_precursor_table)
+>>>>>>> bench
     from geolens.runs.forecast import write_forecasts
 
     if not online and (save is not None or columns is not None or nongrokking is not None):
@@ -549,6 +574,7 @@ def precursors(
     if min_warning < 0:
         raise GeoError(f"--min-warning {min_warning} must be >= 0 epochs")
     groups, found = load_groups(runs)  # read once for every table below
+    check_columns(groups, _names(columns))
     rows, notes, groups = precursor_rows(groups, found)
     folder = out or runs / "precursors"
     _print_rows(f"{runs}: precursors of the onset (onset_095)", COLUMNS, rows, notes)
@@ -610,13 +636,18 @@ def noise_floor(
 
 
 def _print_rows(title: str, columns: list[str], rows: list[dict[str, str]], notes: list[str]) -> None:
-    """A table of text rows and its notes on the console (wide when not a terminal)."""
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column, no_wrap=column == "configuration")
-    for row in rows:
-        table.add_row(*(row[c] for c in columns))
-    (console if console.is_terminal else Console(width=240, markup=False)).print(table)
+    """A table of text rows and its notes on the console: within the terminal's width (cells wrap), wide
+    when not a terminal; no frame when there are no rows (the notes say why: no run has an onset)."""
+    if not rows:
+        console.print(f"{title}: no onset, nothing to tabulate", soft_wrap=True)
+    else:
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column, no_wrap=column == "configuration" and not console.is_terminal,
+                             overflow="fold")
+        for row in rows:
+            table.add_row(*(row[c] for c in columns))
+        (console if console.is_terminal else Console(width=240, markup=False)).print(table)
     for note in notes:
         console.print(f"  - {note}", markup=False, highlight=False, soft_wrap=True)
 
@@ -677,6 +708,7 @@ CONTINUE = {  # how an interrupted command continues from what it wrote
     "demo": "rerun demo: it continues the run from its last checkpoint",
 }
 _terminated = False
+TRAINING_COMMANDS = ("train", "fork", "sweep", "demo")  # their OpenMP wait policy is chosen from the load at start
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -718,6 +750,10 @@ def main() -> None:
     (2: bad input or usage, 130: Ctrl-C, 143: SIGTERM, 1: an internal error, traceback with GEOLENS_DEBUG=1)."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     warnings.showwarning = _show_warning
+    if len(sys.argv) > 1 and sys.argv[1] in TRAINING_COMMANDS and "--help" not in sys.argv:
+        from geolens.training.wait_policy import choose_wait_policy
+
+        choose_wait_policy()  # before torch is imported: how its threads wait, from the load now
     try:
         repeated = _repeated_option(sys.argv[1:])
         if repeated:

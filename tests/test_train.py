@@ -18,6 +18,7 @@ from geolens.runs.storage import load_tensors, read_metrics
 from geolens.training import train as training
 from geolens.training.batched import train_batched
 from geolens.training.recording import run_header
+from geolens.training.wait_policy import wait_policy
 
 TINY = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, lr=1e-3)
 
@@ -65,7 +66,7 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
     assert run_full.steps == run_part.steps
     # run.json says who trained which part: the new run from 0, the resume from 40, both this checkout
     # on this machine (the CPU, its vector instruction set and the thread count set the float order)
-    this, here = storage.source_commit(), storage.machine(torch.device("cpu"))
+    this, here = storage.source_commit(), {**storage.machine(torch.device("cpu")), "omp_wait_policy": wait_policy()}
     assert run_full.header["segments"] == [{"from_epoch": 0, "geolens": run_full.header["versions"]["geolens"],
                                             "geolens_commit": this, "machine": here}]
     assert [(s["from_epoch"], s["geolens_commit"], s["machine"]) for s in run_part.header["segments"]] == [

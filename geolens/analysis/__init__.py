@@ -8,8 +8,8 @@ circuit, geometry), the metric set (registry, AnalysisContext), metrics at every
 statistics over seeds (significance), online onset forecasts tested held-out (online_rules), the
 float-order noise floor of the onset (noise_floor),
 a Run with analyze and probe (run_analysis) and the shipped reference trajectories (shipped). May
-import geolens.errors, geolens.model, geolens.runs (reading runs) and, for Run.fork alone,
-geolens.training.fork; never sweeps or outputs.
+import geolens.errors, geolens.model, geolens.runs (reading runs), geolens.training.progress_bar (the
+progress display) and, for Run.fork alone, geolens.training.fork; never sweeps or outputs.
 """
 
 from geolens.analysis.registry import METRICS, AnalysisContext, MetricSpec, compute_metrics, default_metrics, metric_versions

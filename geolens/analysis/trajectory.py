@@ -38,6 +38,7 @@ from geolens.errors import GeoError
 from geolens.runs.run import Run
 from geolens.runs.runlock import RunLock
 from geolens.runs.storage import CorruptTensors, atomic_write_bytes, atomic_write_json, read_limited, tensors_header
+from geolens.training.progress_bar import LogLines, interactive
 
 ANALYSIS_DIR = "analysis"
 # fewer checkpoints to compute: in-process only. The caller computes while spawned workers import, so
@@ -315,17 +316,31 @@ def analyze_run(
         workers = (os.cpu_count() or 1) if len(jobs) >= AUTO_WORKERS_MIN_STEPS else 1
     workers = min(workers, len(jobs))
 
+    live = progress and interactive()
     bar = Progress(TextColumn("[bold]analyze"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[step]}"),
-                   TimeRemainingColumn(), disable=not progress)
+                   TimeRemainingColumn(), disable=not live)
+    log = LogLines("analyze", len(chosen), len(chosen) - len(jobs), unit="checkpoint") if progress and not live else None
     with writing(folder), bar, _pool(workers - 1) as pool:
         task = bar.add_task("analyze", total=len(chosen), completed=len(chosen) - len(jobs), step="")
-        for step, (rows, skip) in _results(run, jobs, pinned, llc, pool, workers - 1):
-            for n in jobs[step]:
-                entries[step][n] = {"version": versions[n], **({"keys": pinned} if METRICS[n].uses_keys else {}),
-                                    **({"skipped": skip[n]} if n in skip else {"values": rows[n]})}
-            atomic_write_json(folder / "cache" / f"step_{step:07d}.json",
-                              {"checkpoint_sha256": shas[step], "metrics": entries[step]})
-            bar.update(task, advance=1, step=f"epoch {step}")
+        try:
+            for step, (rows, skip) in _results(run, jobs, pinned, llc, pool, workers - 1):
+                for n in jobs[step]:
+                    entries[step][n] = {"version": versions[n], **({"keys": pinned} if METRICS[n].uses_keys else {}),
+                                        **({"skipped": skip[n]} if n in skip else {"values": rows[n]})}
+                atomic_write_json(folder / "cache" / f"step_{step:07d}.json",
+                                  {"checkpoint_sha256": shas[step], "metrics": entries[step]})
+                bar.update(task, advance=1, step=f"epoch {step}")  # steps finish out of order (workers)
+                if log is not None:
+                    log.update(log.done + 1, f"epoch {step}")
+        except BaseException as e:
+            if log is not None:
+                log.close(type(e))
+            raise
+        if chosen:  # the bar ends at the last epoch analysed, whichever step finished last
+            bar.update(task, step=f"epoch {max(chosen)}")
+        if log is not None:
+            log.stats = f"epochs {min(chosen)}-{max(chosen)}" if chosen else ""
+            log.close()
         known = {s: {n: e for n, e in entries[s].items() if n in METRICS and fresh(n, e, exact=False)} for s in listed}
         steps_known = [s for s in listed if known[s]]
         values = {s: {n: e["values"] for n, e in known[s].items() if "values" in e} for s in steps_known}

@@ -103,6 +103,17 @@ class FigureSpec:
 
 
 # ---- plotly ----------------------------------------------------------------------------------
+VLINE_LABELS = ("top left", "top right", "bottom right", "bottom left")
+
+
+def _label_position(panel: Panel, line: VLine) -> str:
+    """Where a vertical line's label goes: by the lines' order along x, the first to the left of its line at
+    the top, the next to the right, then the bottom right and left, so that labels of nearby lines never
+    overlap (two events a few epochs apart: one reads leftwards, the other rightwards)."""
+    lines = sorted((t for t in panel.traces if isinstance(t, VLine)), key=lambda t: t.x)
+    return VLINE_LABELS[next(i for i, t in enumerate(lines) if t is line) % len(VLINE_LABELS)]
+
+
 def to_plotly(spec: FigureSpec):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -131,7 +142,7 @@ def to_plotly(spec: FigureSpec):
                                          line=dict(width=0), fillcolor=_rgba(tr.color, 0.15)), row=row, col=col)
             elif isinstance(tr, VLine):
                 fig.add_vline(x=tr.x, line=dict(color=tr.color, dash="dot"), row=row, col=col,
-                              annotation_text=tr.name, annotation_position="top left")
+                              annotation_text=tr.name, annotation_position=_label_position(panel, tr))
         fig.update_xaxes(title_text=panel.xlabel, row=row, col=col)
         fig.update_yaxes(title_text=panel.ylabel, type="log" if panel.logy else None, range=panel.yrange, row=row, col=col)
         if panel.xrange is not None:

@@ -16,10 +16,11 @@ from pathlib import Path
 from geolens.analysis.precursors import (PRECURSORS, LeadStats, Precursor, group_precursors, run_events, series_rows,
                                         with_holm)
 from geolens.analysis.online_rules import (HORIZON, OnlineStats, Scored, check_forecast, column_series, group_online,
-                                          group_series, loo_outcomes, nested_online, operating_points, run_auroc,
-                                          scored)
+                                          group_series, loo_outcomes, nested_online, operating_points,
+                                          recorded_columns, run_auroc, scored)
 from geolens.analysis.online_rules import with_holm as online_with_holm
 from geolens.analysis.significance import fmt_p, wilcoxon_less
+from geolens.errors import GeoError
 from geolens.outputs.plots import PALETTE, FigureSpec, Line, Panel, VLine
 from geolens.runs.forecast import Forecast, read_forecasts
 from geolens.runs.run import Run
@@ -35,6 +36,15 @@ def load_groups(root: str | Path) -> tuple[list[RunGroup], list[str]]:
     (runset.found_runs): what precursor_rows, online_rows and check_rows read, found once per command."""
     runs, notes = found_runs(root)
     return group_runs(runs), notes
+
+
+def check_columns(groups: list[RunGroup], columns: list[str] | None) -> None:
+    """Refuse (GeoError, one line) online-rule columns that no run under the folder recorded."""
+    recorded = recorded_columns([r for g in groups for r in g.runs])
+    unknown = [c for c in columns or [] if c not in recorded]
+    if unknown:
+        raise GeoError(f"--columns {','.join(unknown)}: not recorded by these runs; their columns are "
+                       f"{', '.join(recorded)}")
 
 
 def precursor_rows(groups: list[RunGroup], found: list[str]) -> tuple[list[dict[str, str]], list[str], list[RunGroup]]:

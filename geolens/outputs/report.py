@@ -31,8 +31,9 @@ def fig_training(traj: Trajectory) -> FigureSpec:
     marks = onset_markers(traj.run)
     loss = Panel("loss", [Line(e, [r["train_loss"] for r in rows], "train"), Line(e, [r["test_loss"] for r in rows], "test"),
                           *marks], "epoch", "cross-entropy", logy=True)
-    acc = Panel("accuracy", [Line(e, [r["train_acc"] for r in rows], "train"), Line(e, [r["test_acc"] for r in rows], "test"),
-                             *marks], "epoch", "accuracy")
+    # the same colours as the loss panel's; named once in the legend (plotly's is one for the page)
+    acc = Panel("accuracy", [Line(e, [r["train_acc"] for r in rows], "train", legend=False),
+                             Line(e, [r["test_acc"] for r in rows], "test", legend=False), *marks], "epoch", "accuracy")
     return FigureSpec("training", "Loss and accuracy", [loss, acc])
 
 

@@ -50,6 +50,7 @@ from geolens.sweeps.grid import (
     plan_jobs,
     resolve_layout,
 )
+from geolens.training.progress_bar import LogLines, interactive
 
 BACKENDS = ("local", "ray")
 RECORD_LOCK = ".sweep.lock"  # OUT/.sweep.lock: held while OUT/sweep.json is read and rewritten
@@ -344,18 +345,23 @@ class SweepMonitor:
         self.tracebacks: dict[str, str] = {}
         self.started = _now()
         self.show = progress
+        live = progress and interactive()
+        total, completed = sum(m.cfg.epochs for m in members), sum(self.epoch.values())
         self.progress = Progress(TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("epochs"), TimeElapsedColumn(), TimeRemainingColumn(), disable=not progress)
-        self.task = self.progress.add_task(self._describe(), total=sum(m.cfg.epochs for m in members),
-                                           completed=sum(self.epoch.values()))
+                                 TextColumn("epochs"), TimeElapsedColumn(), TimeRemainingColumn(), disable=not live)
+        self.task = self.progress.add_task(self._describe(), total=total, completed=completed)
+        self.log = LogLines("sweep", total, completed, unit="member-epoch") if progress and not live else None
         self.write_record(finished=False)
 
     def __enter__(self) -> "SweepMonitor":
         self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
+    def __exit__(self, exc_type, *exc) -> None:
+        self.progress.__exit__(exc_type, *exc)
+        if self.log is not None:
+            self.log.stats = self._describe()
+            self.log.close(exc_type)
 
     def handle(self, msg: tuple) -> None:
         kind, job_id = msg[0], msg[1]
@@ -383,6 +389,8 @@ class SweepMonitor:
                 self.progress.console.print(Text.assemble(("failed", "red"), f" {', '.join(m.name for m in members)}: "
                                                           f"{msg[2]}"), highlight=False, soft_wrap=True)
         self.progress.update(self.task, description=self._describe(), completed=sum(self.epoch.values()))
+        if self.log is not None:
+            self.log.update(sum(self.epoch.values()), self._describe())
         if kind in ("done", "failed"):
             self.write_record(finished=False)
 
@@ -432,6 +440,7 @@ def run_sweep(grid: Grid, out: str | Path, backend: str = "local", workers: int 
     members = expand(grid, out, layout)
     for m in members:
         inspect_member(m, force)
+    check_engines(members)
     prepare_arms(members)
     runner = make_backend(backend, workers, threads, address)
     try:
@@ -455,6 +464,19 @@ def run_sweep(grid: Grid, out: str | Path, backend: str = "local", workers: int 
         if hasattr(runner, "close"):
             runner.close()
     return SweepResult(out, members, dict(monitor.status), dict(monitor.errors))
+
+
+def check_engines(members: list[Member]) -> None:
+    """Refuse in one line, before anything is written or trained, a grid whose named engine (--set engine=...)
+    cannot compute a member's model (one failure per member otherwise)."""
+    from geolens.model.engines import choose_engine
+
+    for m in members:
+        if m.state != "done":
+            try:
+                choose_engine(m.cfg)
+            except GeoError as e:
+                raise GeoError(f"member {m.name}: {e}") from None
 
 
 def prepare_arms(members: list[Member]) -> None:

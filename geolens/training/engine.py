@@ -3,13 +3,14 @@
 training_device: cfg.device as a torch.device (refused if this torch cannot see it). select_forward: the
 engine geolens.model.engines.choose_engine picks (fast, deep or hooked) and its forward as tokens -> logits
 at `=`. make_optimizer: the optimizer (geolens.training.optimizers) every
-training path uses. preflight: the checks made before anything is written (engine, memory, warnings);
+training path uses. started_threads / torch_threads: the thread count a run started with, kept on resume. preflight: the checks made before anything is written (engine, memory, warnings);
 out_of_memory_as_error: an allocation failure as a one-line GeoError. Used by geolens.training.train,
 geolens.training.batched and the benchmarks.
 """
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable
 
@@ -62,6 +63,31 @@ def denormals_flushed(on: bool):
         yield
     finally:
         torch.set_flush_denormal(was)
+
+
+def started_threads(header: dict) -> int | None:
+    """The torch thread count a run started with (its first segment's machine in run.json), None where not recorded."""
+    segments = header.get("segments") or [{}]
+    machine = segments[0].get("machine") if isinstance(segments[0], dict) else None
+    threads = machine.get("torch_threads") if isinstance(machine, dict) else None
+    return threads if isinstance(threads, int) and threads > 0 else None
+
+
+@contextmanager
+def torch_threads(threads: int | None):
+    """While inside: torch.set_num_threads(threads) (None: unchanged); the caller's count is restored after.
+    The thread count sets the order of torch's sums, so a resumed run keeps the count it started with."""
+    was = torch.get_num_threads()
+    if threads is not None and threads != was:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if threads > cores:
+            warn(f"training on {threads} torch threads, as the run started (the thread count sets its float order), "
+                 f"on {cores} core(s) here: slower than usual")
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(was)
 
 
 def select_forward(model: GeoTransformer) -> tuple[Engine, Callable[[Tensor], Tensor], str]:

@@ -33,6 +33,7 @@ from geolens.runs.storage import (
 from geolens.training.engine import make_optimizer
 from geolens.training.optimizers import MUON_RATE_RULE
 from geolens.training.precursor_columns import PrecursorProbe, skipped_columns
+from geolens.training.wait_policy import wait_policy
 
 
 # ---- run.json and metrics rows ---------------------------------------------------------------
@@ -42,7 +43,7 @@ def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int,
     prev: the run's run.json before this (resumed) training, None for a new run. `segments` lists
     who trained which part: the previous segments that began before `start` (a later one trained
     epochs that are trained again now) and one from `start` with this geolens version and commit and
-    the machine training on `device` (storage.machine; a run written before segments were recorded
+    the machine training on `device` (storage.machine, with its OpenMP wait policy: wait_policy; a run written before segments were recorded
     starts with one of its recorded version); a fork keeps its lineage (`fork`, geolens.training.fork);
     skipped_columns: the precursor columns this config leaves NaN, with why (precursor_columns)."""
     versions = package_versions()
@@ -51,7 +52,7 @@ def run_header(cfg: GeoConfig, engine: str, why: str, n_train: int, n_test: int,
         segments = [{"from_epoch": 0, "geolens": prev.get("versions", {}).get("geolens"), "geolens_commit": None}]
     segments = [seg for seg in segments if seg["from_epoch"] < start]
     segments.append({"from_epoch": start, "geolens": versions["geolens"], "geolens_commit": source_commit(),
-                     "machine": machine(device)})
+                     "machine": {**machine(device), "omp_wait_policy": wait_policy()}})
     lineage = {"fork": prev["fork"]} if prev and "fork" in prev else {}
     return {"config": cfg.to_dict(), "versions": versions, "engine": engine, "engine_reason": why,
             "n_train": n_train, "n_test": n_test, "skipped_columns": skipped_columns(cfg), "segments": segments,

@@ -38,7 +38,9 @@ from geolens.training.engine import (
     out_of_memory_as_error,
     preflight,
     select_forward,
+    started_threads,
     synchronize,
+    torch_threads,
     training_device,
 )
 from geolens.training.controls import Controls
@@ -252,7 +254,8 @@ def train(cfg: GeoConfig, out: str | Path, force: bool = False, progress: bool =
 
 def resume(out: str | Path, progress: bool = True, forecast: ThresholdRule | None = None, **changes) -> TrainResult:
     """Continue a run from its resume state; only `epochs`, `early_stop_after` and `device` may change
-    (and the forecast rule: a new one replaces the one in run.json).
+    (and the forecast rule: a new one replaces the one in run.json). It trains on the torch thread count
+    the run started with (run.json), which sets its float order, whatever this process's count.
     The run directory is locked for the whole run; an inconsistent one is refused, except that a
     manifest that disagrees with the checkpoint files is rebuilt from them (exactly; a warning says so)."""
     run = RunDir(out)
@@ -267,7 +270,7 @@ def resume(out: str | Path, progress: bool = True, forecast: ThresholdRule | Non
     cfg = GeoConfig.from_dict({**header["config"], **changes})
     dev = training_device(cfg)
     engine = preflight(cfg, dev)
-    with RunLock(run.path, "resume"), out_of_memory_as_error(cfg, engine):
+    with RunLock(run.path, "resume"), out_of_memory_as_error(cfg, engine), torch_threads(started_threads(header)):
         if not run.resume_file.exists():
             raise GeoError(f"{run.resume_file} is missing: the run has no checkpoint to resume from; retrain with --force")
         state = load_tensors(run.resume_file)
