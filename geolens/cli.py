@@ -556,15 +556,10 @@ def precursors(
     recorded column tested held-out with their misses and false alarms, the error of choosing the column
     (nested), lead time against false-alarm rate, and --save the forecast file."""
     from geolens.outputs.plots import save_static
-<<<<<<< HEAD
     from geolens.outputs.precursor_table import (ALARM_COLUMNS, CHECK_COLUMNS, COLUMNS, ONLINE_COLUMNS, SELECTION_COLUMNS,
-                                                 alarm_rows, check_rows, fig_precursors, load_groups, nongrokking_runs,
-                                                 online_rows, precursor_rows, selection_rows, write_precursor_table)
-=======
-    from geolens.outputs.precursor_table import (CHECK_COLUMNS, COLUMNS, ONLINE_COLUMNS, check_columns, check_rows,
-                                                 fig_precursors, load_groups, online_rows, precursor_rows,
+                                                 alarm_rows, check_columns, check_rows, fig_precursors, load_groups,
+                                                 nongrokking_runs, online_rows, precursor_rows, selection_rows,
                                                  write_precursor_table)
->>>>>>> bench
     from geolens.runs.forecast import write_forecasts
 
     if not online and (save is not None or columns is not None or nongrokking is not None):
