@@ -167,8 +167,8 @@ def test_topologies_transformer_lens_lacks_are_refused_in_one_line(preset):
 
 
 def test_pyproject_bounds_transformer_lens_to_the_tested_major():
-    import transformer_lens
+    from importlib.metadata import version
 
     text = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'"transformer-lens>=4\.3,<5"', text)
-    assert transformer_lens.__version__.startswith("4.")
+    assert version("transformer-lens").startswith("4.")  # the installed one is the major the tests ran on
