@@ -488,7 +488,7 @@ def precursors(
                                          "and onset, against the fitting runs' mean onset (forecast_check.md)."),
 ) -> None:
     """Which recorded quantity announces the onset: per configuration and precursor, how often its event
-    precedes the onset, the lead with its bootstrap interval, its Spearman correlation with the onset
+    precedes the onset, the lead with its order-statistic interval, its Spearman correlation with the onset
     with a permutation p-value (Holm-corrected over the table) and a leave-one-out prediction; and the
     figure of every precursor against epochs relative to the onset. --online: threshold rules on every
     recorded column tested held-out, and --save the forecast file."""
