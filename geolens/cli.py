@@ -534,17 +534,19 @@ def noise_floor(
     out: Optional[Path] = typer.Option(None, help="Folder for noise_floor.md, .csv and .json (default: the first "
                                        "RUNS/noise_floor)."),
 ) -> None:
-    """The float-order noise floor of the onset: per configuration and seed, the onset of every float order
-    and their spread; per configuration the floor (the largest spread), against which shifts are judged."""
+    """The float-order noise floor of the onset: per configuration, machine and seed, the onset of every float
+    order and their range (committed replicates only); per configuration and machine the floor (the largest
+    range), against which shifts on that machine are judged."""
     from geolens.outputs.noise_floor_table import floor_tables, write_floor_tables
 
     floors, notes = floor_tables(runs)
     for f in floors:
-        console.print(f"{f.configuration}: floor {f.floor if f.floor is not None else '-'} epochs", soft_wrap=True)
+        console.print(f"{f.configuration} on {f.machine}: floor {f.floor if f.floor is not None else '-'} epochs",
+                      soft_wrap=True)
         for s in f.seeds:
-            onsets = ", ".join(f"{o}: {v if v is not None else 'none'}" for o, v in s.onsets.items())
-            console.print(f"  seed {s.seed} on {s.machine}: spread {s.spread if s.spread is not None else '-'} ({onsets})",
-                          soft_wrap=True)
+            onsets = ", ".join(f"{o}: {v if v is not None else 'none'}{'*' if o in s.uncommitted else ''}"
+                               for o, v in s.onsets.items())
+            console.print(f"  seed {s.seed}: range {s.range if s.range is not None else '-'} ({onsets})", soft_wrap=True)
     for note in notes:
         console.print(f"  - {note}", soft_wrap=True)
     paths = write_floor_tables(floors, notes, out or runs[0] / "noise_floor")

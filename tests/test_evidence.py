@@ -298,38 +298,52 @@ def _replicate(path, preset, seed, onset, engine, threads, cpu="Test CPU", commi
 
 
 def test_noise_floor_of_constructed_replicates(tmp_path, geolens):
-    """Seed 1 groks at 1,000 / 1,300 / 1,100 in three float orders, seed 2 at 2,000 / 2,050: spreads 300
-    and 50, floor 300; the same seed on another machine is its own row; a seed with one run has no spread."""
+    """Seed 1 groks at 1,000 / 1,300 / 1,100 in three float orders, seed 2 at 2,000 / 2,050: ranges 300
+    and 50, floor 300 on that machine; the same seed on another machine is its own floor; a seed with one run has
+    no range; a replicate trained from an uncommitted tree is shown but left out of the range, and a machine whose
+    replicates are all uncommitted has no floor (none is borrowed from another machine)."""
     root = tmp_path / "runs"
     for seed, onsets in ((1, (1000, 1300, 1100)), (2, (2000, 2050))):
         for (engine, threads), onset in zip((("fast", 1), ("fast", 2), ("hooked", 1)), onsets):
             _replicate(root / f"{engine}{threads}" / f"seed_{seed}", "ln", seed, onset, engine, threads)
+    _replicate(root / "fast1_dirty" / "seed_2", "ln", 2, 2900, "hooked", 2, commit="a" * 40 + "+dirty")
     _replicate(root / "other" / "seed_1", "ln", 1, 1500, "fast", 1, cpu="Other CPU")
     _replicate(root / "other" / "seed_3", "ln", 3, 1500, "fast", 1, cpu="Other CPU")
+    _replicate(root / "dirty" / "seed_1", "ln", 1, 1000, "fast", 1, cpu="Dirty CPU", commit="b" * 40 + "+dirty")
+    _replicate(root / "dirty2" / "seed_1", "ln", 1, 1800, "fast", 2, cpu="Dirty CPU", commit=None)
     r = geolens("noise-floor", "--runs", root, "--out", tmp_path / "out")
     assert r.returncode == 0, r.stderr
     data = json.loads((tmp_path / "out" / "noise_floor.json").read_text())
-    (floor,) = data["floors"]
-    assert floor["floor"] == 300
-    spreads = {(s["seed"], s["machine"]): (s["spread"], s["onsets"]) for s in floor["seeds"]}
-    assert spreads[(1, "Test CPU (AVX2)")] == (300, {"fast, 1 thread": 1000, "fast, 2 threads": 1300, "hooked, 1 thread": 1100})
-    assert spreads[(2, "Test CPU (AVX2)")][0] == 50
-    assert (1, "Other CPU (AVX2)") not in spreads  # one run on that machine: no spread, listed in the notes
+    floors = {f["machine"]: f for f in data["floors"]}
+    assert set(floors) == {"Test CPU (AVX2)", "Dirty CPU (AVX2)"}  # Other CPU: one run per seed, no range
+    test = floors["Test CPU (AVX2)"]
+    assert test["floor"] == 300 and test["floor_with_uncommitted"] == 900
+    ranges = {s["seed"]: (s["range"], s["range_with_uncommitted"], s["onsets"]) for s in test["seeds"]}
+    assert ranges[1] == (300, 300, {"fast, 1 thread": 1000, "fast, 2 threads": 1300, "hooked, 1 thread": 1100})
+    assert ranges[2][:2] == (50, 900)  # the uncommitted 2,900 widens only the labelled range
+    assert floors["Dirty CPU (AVX2)"]["floor"] is None and floors["Dirty CPU (AVX2)"]["floor_with_uncommitted"] == 800
     md = (tmp_path / "out" / "noise_floor.md").read_text()
     label = "ln lr 0.0006 wd 1, add p=23"
     assert md.splitlines()[0] == ("| configuration | seed | machine | fast, 1 thread | fast, 2 threads | hooked, 1 thread "
-                                  "| spread |")
-    assert f"| {label} | 1 | Test CPU (AVX2) | 1,000 | 1,300 | 1,100 | 300 |" in md
-    assert "2 seeds have one run on their machine" in md
+                                  "| hooked, 2 threads | range | range with uncommitted runs |")
+    assert f"| {label} | 1 | Test CPU (AVX2) | 1,000 | 1,300 | 1,100 |  | 300 | 300 |" in md
+    assert f"| {label} | 2 | Test CPU (AVX2) | 2,000 | 2,050 |  | 2,900* | 50 | 900 |" in md
+    assert "on Other CPU (AVX2): 2 seeds have one run there" in md
+    assert "on Dirty CPU (AVX2): no seed has two replicates trained from a committed tree" in md
+    assert "not a half-width" in md
     floors_md = (tmp_path / "out" / "floors.md").read_text()
-    assert f"| {label} | 300 | 2 | 3 | seed 1 on Test CPU (AVX2) |" in floors_md
-    from geolens.analysis.noise_floor import read_floors
+    assert f"| {label} | Test CPU (AVX2) | 300 | 900 | 2 | 4 | seed 1 |" in floors_md
+    assert f"| {label} | Dirty CPU (AVX2) | - | 800 | 1 | 2 | - |" in floors_md
+    from geolens.analysis.noise_floor import MachineFloor, read_floors
     from geolens.runs.runset import group_key
 
+    key = group_key(make_config("ln", p=23))
     assert read_floors((tmp_path / "out" / "noise_floor.json").read_text()) == {
-        group_key(make_config("ln", p=23)): 300}
+        (key, "Dirty CPU (AVX2)"): MachineFloor(None, 800), (key, "Test CPU (AVX2)"): MachineFloor(300, 900)}
     with pytest.raises(GeoError, match="not a geolens noise-floor file"):
         read_floors('{"format": "x"}')
+    with pytest.raises(GeoError, match="floors per machine"):
+        read_floors('{"format": "geolens-noise-floor", "format_version": 1, "floors": []}')
 
 
 def test_provenance_notes_name_dirty_and_mixed_commits(tmp_path, geolens):
@@ -405,7 +419,7 @@ def test_the_committed_noise_floor_is_what_the_code_computes(tmp_path, monkeypat
     for name in ("noise_floor.md", "floors.md", "noise_floor.json"):
         assert (tmp_path / name).read_text() == (REPO / "results" / "noise_floor" / name).read_text(), name
     assert {f.configuration.split()[0] for f in floors} == {"fb", "ln", "sphere"}
-    assert all(len(f.seeds) >= 3 and f.floor > 0 for f in floors)
+    assert all(len(f.seeds) >= 3 and f.floor_with_uncommitted > 0 for f in floors)
     spec = importlib.util.spec_from_file_location("embed", REPO / "analyses" / "reproduction" / "embed_tables.py")
     embed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(embed)

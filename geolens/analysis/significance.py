@@ -154,6 +154,16 @@ def wilcoxon_less(a: Sequence[float], b: Sequence[float]) -> float | None:
     return float(stats.wilcoxon(d, alternative="less", zero_method="wilcox").pvalue)
 
 
+def paired_differ(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Two-sided p-value that paired values a and b differ (a change whose direction is read from the data):
+    scipy.stats.wilcoxon on a - b, two-sided, exact for small samples; None with fewer than 2 non-zero
+    differences. Three pairs all one way give 0.25."""
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if np.count_nonzero(d) < 2:
+        return None
+    return float(stats.wilcoxon(d, alternative="two-sided", zero_method="wilcox").pvalue)
+
+
 def smaller_than(a: Sequence[float | None], b: Sequence[float | None]) -> float | None:
     """One-sided p-value that the values a tend to be smaller than the values b (onset epochs, LLC estimates,
     barrier heights): scipy.stats.mannwhitneyu with the exact null distribution (a few seeds; ties occur only among
