@@ -1,5 +1,5 @@
 # Sourced by the analyses/ experiment scripts before they train: records whose numbers go into docs/
-# must come from a committed tree (run.json names the commit; `+dirty` when geolens/ differed from it).
+# must come from a committed tree (run.json names the commit; `+dirty` when geolens/, analyses/ or pyproject.toml differed from it).
 # Refuses (exit 2) when geolens/, analyses/ or pyproject.toml differ from HEAD; ALLOW_DIRTY=1 overrides.
 # Sweep workers and later runs of a long script import the code as it is when they start: commit,
 # then leave the tree alone (or run the script from a clone of the commit) until the runs are done.

@@ -550,7 +550,7 @@ def precursors(
                                 "early, a false alarm (precursors_alarms.md)."),
 ) -> None:
     """Which recorded quantity announces the onset: per configuration and precursor, how often its event
-    precedes the onset, the lead with its bootstrap interval, its Spearman correlation with the onset
+    precedes the onset, the lead with its order-statistic interval, its Spearman correlation with the onset
     with a permutation p-value (Holm-corrected over the table) and a leave-one-out prediction; and the
     figure of every precursor against epochs relative to the onset. --online: threshold rules on every
     recorded column tested held-out with their misses and false alarms, the error of choosing the column
@@ -613,17 +613,19 @@ def noise_floor(
     out: Optional[Path] = typer.Option(None, help="Folder for noise_floor.md, .csv and .json (default: the first "
                                        "RUNS/noise_floor)."),
 ) -> None:
-    """The float-order noise floor of the onset: per configuration and seed, the onset of every float order
-    and their spread; per configuration the floor (the largest spread), against which shifts are judged."""
+    """The float-order noise floor of the onset: per configuration, machine and seed, the onset of every float
+    order and their range (committed replicates only); per configuration and machine the floor (the largest
+    range), against which shifts on that machine are judged."""
     from geolens.outputs.noise_floor_table import floor_tables, write_floor_tables
 
     floors, notes = floor_tables(runs)
     for f in floors:
-        console.print(f"{f.configuration}: floor {f.floor if f.floor is not None else '-'} epochs", soft_wrap=True)
+        console.print(f"{f.configuration} on {f.machine}: floor {f.floor if f.floor is not None else '-'} epochs",
+                      soft_wrap=True)
         for s in f.seeds:
-            onsets = ", ".join(f"{o}: {v if v is not None else 'none'}" for o, v in s.onsets.items())
-            console.print(f"  seed {s.seed} on {s.machine}: spread {s.spread if s.spread is not None else '-'} ({onsets})",
-                          soft_wrap=True)
+            onsets = ", ".join(f"{o}: {v if v is not None else 'none'}{'*' if o in s.uncommitted else ''}"
+                               for o, v in s.onsets.items())
+            console.print(f"  seed {s.seed}: range {s.range if s.range is not None else '-'} ({onsets})", soft_wrap=True)
     for note in notes:
         console.print(f"  - {note}", soft_wrap=True)
     paths = write_floor_tables(floors, notes, out or runs[0] / "noise_floor")

@@ -126,6 +126,9 @@ def test_fork_barriers_sets_each_change_against_the_control_within_seeds():
     rows.append(row("wd 0.99", 1, 0.0, parent="sphere"))  # another parent configuration: not compared
     pooled, *each = table.against_control(rows, "control")
     assert pooled.startswith("every change: test barrier median 4.5 (6 arms) against the control's 1 (3)")
-    assert pooled.endswith(f"p = {1 / 27:.3g} (stratified exact Mann-Whitney, one-sided)")
-    assert [line.split(":")[0] for line in each] == ["wd 0.3", "wd 3"] and all("p = 0.125" in line for line in each)
+    # Holm over the three tests: 3 x 1/27, then max(that, 2 x 0.125), max(that, 1 x 0.125)
+    assert pooled.endswith(f"p = {1 / 27:.3g}, Holm {3 / 27:.3g} over the 3 tests here (stratified exact Mann-Whitney, "
+                           "one-sided)")
+    assert [line.split(":")[0] for line in each] == ["wd 0.3", "wd 3"]
+    assert all("p = 0.125, Holm 0.25 over the 3 tests here" in line for line in each)
     assert table.against_control(rows, "none")[0].startswith("no arm of the control 'none'")

@@ -1,7 +1,9 @@
 """Statistics behind every claim over seeds, on inputs whose answers are known: the permutation test of
-a rank correlation, the Holm correction, the bootstrap interval of a median, the sign test; online
+a rank correlation (exact: a brute-force count), the Holm correction, the order-statistic interval of a
+median, the sign test, one- and two-sided rank tests; online
 threshold rules fitted leave-one-seed-out; the forecast file and `geolens train --forecast`."""
 
+import itertools
 import json
 import math
 
@@ -12,7 +14,10 @@ from conftest import one_line_error
 from geolens.analysis.online_rules import (Series, firing_epochs, fit_rule, held_out, nested_stats, online_stats, operating_points,
                                           run_auroc)
 from geolens.analysis.precursors import lead_stats, with_holm
-from geolens.analysis.significance import holm, median_ci, sign_test, smaller_than, smaller_within, spearman_test, wilcoxon_less
+from scipy import stats
+
+from geolens.analysis.significance import (differ_within, holm, median_interval, onsets_differ, sign_test, smaller_than,
+                                         smaller_within, spearman_null, spearman_test, wilcoxon_less)
 from geolens.errors import GeoError
 from geolens.model.config import make_config
 from geolens.runs.forecast import ForecastWatch, ThresholdRule, forecast_for, read_forecasts, write_forecasts
@@ -24,16 +29,43 @@ def test_spearman_permutation_p_of_a_perfect_a_random_and_a_constant_precursor()
     perfect = [o - 1300 for o in ONSETS]  # the same lead on every seed
     rho, p = spearman_test(perfect, ONSETS)
     assert rho == pytest.approx(1.0)
-    assert p == pytest.approx(2 / 10_000)  # 9,999 random pairings + the observed one, none as extreme, both tails
+    assert p == pytest.approx(2 / math.factorial(10))  # exact: of the 10! pairings only this one and its reverse
     rho, p = spearman_test([o for o in ONSETS[::-1]], ONSETS)  # unrelated order
     assert abs(rho) < 0.5 and p > 0.1
     assert spearman_test([5000] * 10, ONSETS) == (None, None)  # a constant event has no rank correlation
     # three pairs: all 3! = 6 pairings are enumerated; a perfect order and its reverse are as extreme
     assert spearman_test([1, 2, 3], [10, 20, 30]) == (pytest.approx(1.0), pytest.approx(1 / 3))
-    # the same inputs give the same p-value (seeded)
+    # ten seeds are enumerated: the p-value does not depend on the resampling seed
     rng = np.random.default_rng(3)
     x, y = rng.random(10), rng.random(10)
-    assert spearman_test(x, y) == spearman_test(x, y)
+    assert spearman_test(x, y, seed=0) == spearman_test(x, y, seed=1)
+    assert spearman_null(10) == "exact (all 10! pairings)" and spearman_null(13) == "199,999 random pairings"
+
+
+def _brute_force_p(x, y) -> float:
+    """The share of all pairings of x with a permutation of y whose |Spearman rho| is at least the observed one."""
+    rx, ry = stats.rankdata(x), stats.rankdata(y)
+    observed = abs(np.corrcoef(rx, ry)[0, 1])
+    perms = [abs(np.corrcoef(rx, ry[list(p)])[0, 1]) for p in itertools.permutations(range(len(ry)))]
+    return sum(r >= observed - 1e-12 for r in perms) / len(perms)
+
+
+@pytest.mark.parametrize("x, y", [([1, 2, 3, 4, 5, 6], [2, 1, 4, 3, 6, 5]),
+                                  ([3, 1, 4, 1, 5, 9, 2], [2, 7, 1, 8, 2, 8, 1]),  # ties on both sides
+                                  ([10, 20, 30, 40, 50], [50, 40, 10, 30, 20])])
+def test_exact_spearman_p_is_the_brute_force_count_of_pairings(x, y):
+    assert spearman_test(x, y)[1] == pytest.approx(_brute_force_p(x, y), abs=1e-12)
+    assert spearman_test(x, y)[0] == pytest.approx(stats.spearmanr(x, y).statistic)
+
+
+def test_exact_spearman_p_matches_scipys_enumeration_at_eight_pairs():
+    rng = np.random.default_rng(5)
+    x = rng.random(8)
+    y = x + rng.random(8)
+    rx, ry = stats.rankdata(x), stats.rankdata(y)
+    scipy_exact = stats.permutation_test((ry,), lambda r: stats.spearmanr(rx, r).statistic, permutation_type="pairings",
+                                         n_resamples=math.factorial(8), alternative="two-sided").pvalue
+    assert spearman_test(x, y)[1] == pytest.approx(scipy_exact)
 
 
 def test_holm_adjusts_step_down():
@@ -51,18 +83,24 @@ def test_the_correction_keeps_the_perfect_precursor_and_drops_the_others():
                       lead_stats("random", list(zip(ONSETS, random.tolist()))),
                       lead_stats("constant", [(o, 5000) for o in ONSETS])])
     perfect, rand, constant = rows
-    assert perfect.survives and perfect.holm_p == pytest.approx(2 * 2 / 10_000)  # two tests: the constant has none
+    assert perfect.survives and perfect.holm_p == pytest.approx(2 * 2 / math.factorial(10))  # two tests: the constant has none
     assert not rand.survives and rand.holm_p >= rand.spearman_p
     assert constant.spearman is None and constant.holm_p is None and not constant.survives
     assert perfect.loo_error == pytest.approx(0.0) and perfect.loo_wins == 10  # the line is exact on every seed
-    assert perfect.lead_ci == (1300.0, 1300.0) and perfect.lead_median == 1300
+    assert perfect.lead_interval == (1300.0, 1300.0, pytest.approx(1 - 22 / 1024)) and perfect.lead_median == 1300
     assert holm([0.03] + [0.9] * 39)[0] == pytest.approx(1.0)
 
 
 def test_median_interval_and_sign_test():
-    assert median_ci([7.0]) is None and median_ci([3.0, 3.0, 3.0]) == (3.0, 3.0)
-    lo, hi = median_ci([100, 200, 300, 400, 500, 600, 700])
-    assert 100 <= lo <= 400 <= hi <= 700 and median_ci([100, 200, 300, 400, 500, 600, 700]) == (lo, hi)
+    assert median_interval([7.0]) is None and median_interval([3.0, 3.0, 3.0]) == (3.0, 3.0, 0.75)
+    assert median_interval([300, 100, 200]) == (100, 300, 0.75)  # three values: the range, which covers 75%
+    assert median_interval([5, 1, 4, 2, 3]) == (1, 5, pytest.approx(1 - 2 / 32))  # five: the range, 94%
+    lo, hi, coverage = median_interval(range(1, 11))  # ten: x_(2) to x_(9), 1 - 2 * 11 / 1024
+    assert (lo, hi) == (2, 9) and coverage == pytest.approx(1 - 22 / 1024)
+    for n in (6, 10, 17):  # scipy's own order-statistic interval of the median, where it has one
+        x = np.random.default_rng(n).random(n)
+        ci = stats.quantile_test(x, q=np.median(x)).confidence_interval(0.95)
+        assert median_interval(x)[:2] == (ci.low, ci.high) and median_interval(x)[2] >= 0.95
     assert sign_test([-300, -200, -100]) == (3, 0, 0.25)  # three seeds can never reach 0.05
     assert sign_test([-1] * 9) == (9, 0, pytest.approx(2 / 512))
     assert sign_test([0, 0]) == (0, 0, None) and sign_test([-5, 5])[2] == 1.0
@@ -90,6 +128,17 @@ def test_stratified_rank_test_of_onsets():
     assert smaller_within([([4, 5, 6], [1, 2, 3]), ([30], [10, 20])]) == pytest.approx(1.0)
     assert smaller_within([([None], [10, 20])]) == pytest.approx(1.0)
     assert smaller_within([([1], [])]) is None
+
+
+def test_two_sided_rank_tests_for_a_comparison_asked_both_ways():
+    """Two-sided = twice the smaller one-sided p (at most 1), whichever side comes first."""
+    a, b = [100, 200, 300, 350, 380], [400, 500, 600, 700, 800]
+    assert onsets_differ(a, b) == pytest.approx(2 / 252) == onsets_differ(b, a)
+    assert onsets_differ([100, 500], [300, None]) == pytest.approx(2 * smaller_than([100, 500], [300, None]))
+    assert onsets_differ([1, 4, 5], [2, 3, 6]) == pytest.approx(1.0) and onsets_differ([1], [2, 3]) is None
+    strata = [([1, 2, 3], [4, 5, 6]), ([10], [20, 30])]
+    assert differ_within(strata) == pytest.approx(2 / 60) == differ_within([(b, a) for a, b in strata])
+    assert differ_within([([1], [])]) is None
 
 
 def _ramp(onset: int, start: int = 0, end: int = 12000, rise: int = 1000, noise: float = 0.0, seed: int = 0) -> Series:
@@ -330,38 +379,52 @@ def _replicate(path, preset, seed, onset, engine, threads, cpu="Test CPU", commi
 
 
 def test_noise_floor_of_constructed_replicates(tmp_path, geolens):
-    """Seed 1 groks at 1,000 / 1,300 / 1,100 in three float orders, seed 2 at 2,000 / 2,050: spreads 300
-    and 50, floor 300; the same seed on another machine is its own row; a seed with one run has no spread."""
+    """Seed 1 groks at 1,000 / 1,300 / 1,100 in three float orders, seed 2 at 2,000 / 2,050: ranges 300
+    and 50, floor 300 on that machine; the same seed on another machine is its own floor; a seed with one run has
+    no range; a replicate trained from an uncommitted tree is shown but left out of the range, and a machine whose
+    replicates are all uncommitted has no floor (none is borrowed from another machine)."""
     root = tmp_path / "runs"
     for seed, onsets in ((1, (1000, 1300, 1100)), (2, (2000, 2050))):
         for (engine, threads), onset in zip((("fast", 1), ("fast", 2), ("hooked", 1)), onsets):
             _replicate(root / f"{engine}{threads}" / f"seed_{seed}", "ln", seed, onset, engine, threads)
+    _replicate(root / "fast1_dirty" / "seed_2", "ln", 2, 2900, "hooked", 2, commit="a" * 40 + "+dirty")
     _replicate(root / "other" / "seed_1", "ln", 1, 1500, "fast", 1, cpu="Other CPU")
     _replicate(root / "other" / "seed_3", "ln", 3, 1500, "fast", 1, cpu="Other CPU")
+    _replicate(root / "dirty" / "seed_1", "ln", 1, 1000, "fast", 1, cpu="Dirty CPU", commit="b" * 40 + "+dirty")
+    _replicate(root / "dirty2" / "seed_1", "ln", 1, 1800, "fast", 2, cpu="Dirty CPU", commit=None)
     r = geolens("noise-floor", "--runs", root, "--out", tmp_path / "out")
     assert r.returncode == 0, r.stderr
     data = json.loads((tmp_path / "out" / "noise_floor.json").read_text())
-    (floor,) = data["floors"]
-    assert floor["floor"] == 300
-    spreads = {(s["seed"], s["machine"]): (s["spread"], s["onsets"]) for s in floor["seeds"]}
-    assert spreads[(1, "Test CPU (AVX2)")] == (300, {"fast, 1 thread": 1000, "fast, 2 threads": 1300, "hooked, 1 thread": 1100})
-    assert spreads[(2, "Test CPU (AVX2)")][0] == 50
-    assert (1, "Other CPU (AVX2)") not in spreads  # one run on that machine: no spread, listed in the notes
+    floors = {f["machine"]: f for f in data["floors"]}
+    assert set(floors) == {"Test CPU (AVX2)", "Dirty CPU (AVX2)"}  # Other CPU: one run per seed, no range
+    test = floors["Test CPU (AVX2)"]
+    assert test["floor"] == 300 and test["floor_with_uncommitted"] == 900
+    ranges = {s["seed"]: (s["range"], s["range_with_uncommitted"], s["onsets"]) for s in test["seeds"]}
+    assert ranges[1] == (300, 300, {"fast, 1 thread": 1000, "fast, 2 threads": 1300, "hooked, 1 thread": 1100})
+    assert ranges[2][:2] == (50, 900)  # the uncommitted 2,900 widens only the labelled range
+    assert floors["Dirty CPU (AVX2)"]["floor"] is None and floors["Dirty CPU (AVX2)"]["floor_with_uncommitted"] == 800
     md = (tmp_path / "out" / "noise_floor.md").read_text()
     label = "ln lr 0.0006 wd 1, add p=23"
     assert md.splitlines()[0] == ("| configuration | seed | machine | fast, 1 thread | fast, 2 threads | hooked, 1 thread "
-                                  "| spread |")
-    assert f"| {label} | 1 | Test CPU (AVX2) | 1,000 | 1,300 | 1,100 | 300 |" in md
-    assert "2 seeds have one run on their machine" in md
+                                  "| hooked, 2 threads | range | range with uncommitted runs |")
+    assert f"| {label} | 1 | Test CPU (AVX2) | 1,000 | 1,300 | 1,100 |  | 300 | 300 |" in md
+    assert f"| {label} | 2 | Test CPU (AVX2) | 2,000 | 2,050 |  | 2,900* | 50 | 900 |" in md
+    assert "on Other CPU (AVX2): 2 seeds have one run there" in md
+    assert "on Dirty CPU (AVX2): no seed has two replicates trained from a committed tree" in md
+    assert "not a half-width" in md
     floors_md = (tmp_path / "out" / "floors.md").read_text()
-    assert f"| {label} | 300 | 2 | 3 | seed 1 on Test CPU (AVX2) |" in floors_md
-    from geolens.analysis.noise_floor import read_floors
+    assert f"| {label} | Test CPU (AVX2) | 300 | 900 | 2 | 4 | seed 1 |" in floors_md
+    assert f"| {label} | Dirty CPU (AVX2) | - | 800 | 1 | 2 | - |" in floors_md
+    from geolens.analysis.noise_floor import MachineFloor, read_floors
     from geolens.runs.runset import group_key
 
+    key = group_key(make_config("ln", p=23))
     assert read_floors((tmp_path / "out" / "noise_floor.json").read_text()) == {
-        group_key(make_config("ln", p=23)): 300}
+        (key, "Dirty CPU (AVX2)"): MachineFloor(None, 800), (key, "Test CPU (AVX2)"): MachineFloor(300, 900)}
     with pytest.raises(GeoError, match="not a geolens noise-floor file"):
         read_floors('{"format": "x"}')
+    with pytest.raises(GeoError, match="floors per machine"):
+        read_floors('{"format": "geolens-noise-floor", "format_version": 1, "floors": []}')
 
 
 def test_provenance_notes_name_dirty_and_mixed_commits(tmp_path, geolens):
@@ -437,7 +500,7 @@ def test_the_committed_noise_floor_is_what_the_code_computes(tmp_path, monkeypat
     for name in ("noise_floor.md", "floors.md", "noise_floor.json"):
         assert (tmp_path / name).read_text() == (REPO / "results" / "noise_floor" / name).read_text(), name
     assert {f.configuration.split()[0] for f in floors} == {"fb", "ln", "sphere"}
-    assert all(len(f.seeds) >= 3 and f.floor > 0 for f in floors)
+    assert all(len(f.seeds) >= 3 and f.floor_with_uncommitted > 0 for f in floors)
     spec = importlib.util.spec_from_file_location("embed", REPO / "analyses" / "reproduction" / "embed_tables.py")
     embed = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(embed)

@@ -495,22 +495,38 @@ def test_the_interventions_tables(tmp_path, write_run, step_curve):
     spec.loader.exec_module(summarize)
     from geolens.runs.runset import group_key
 
-    floors = {group_key(make_config("ln")): 450}  # a float-order floor of 450 epochs for the LayerNorm parents
+    from geolens.analysis.noise_floor import MachineFloor
+
+    # the constructed records name no machine ('?'): a float-order floor of 450 epochs there for the LayerNorm
+    # parents; a floor on another machine is never used for them
+    floors = {(group_key(make_config("ln")), "?"): MachineFloor(450, 600),
+              (group_key(make_config("ln")), "Other CPU (AVX2)"): MachineFloor(10, 10)}
     tables = summarize.summarize(constructed_interventions(tmp_path / "interventions", write_run, step_curve), floors)
     assert list(tables) == ["parents", "pulses", "rescue"]
     assert "| ln wd 1 | 1 | 8,000 |" in tables["parents"] and "| ln wd 1 | 2 | 7,000 |" in tables["parents"]
     pulses = tables["pulses"].splitlines()
+    # four sign tests in the tables (three rows of pulses, one pooled): Holm over them
     assert pulses[2] == ("| ln | schedule weight_decay=0.3@+0:+200 | 3,000 | 8,400 / 5,400 / +400 (8,000) | "
-                         "7,600 / 4,600 / +600 (7,000) | +500 | 2/2 | 0-/2+ (p 0.5) | 1/2 beyond ±450 |")
+                         "7,600 / 4,600 / +600 (7,000) | +500 | 2/2 | 0-/2+ (p 0.5, Holm 1) | 1/2 beyond 450 (?) |")
     assert pulses[3] == ("| ln | schedule weight_decay=3.0@+0:+200 | 1,000 | 7,500 / 6,500 / -500 (8,000) | "
-                         "7,300 / 6,300 / +300 (7,000) | -100 | 2/2 | 1-/1+ (p 1) | 1/2 beyond ±450 |")
+                         "7,300 / 6,300 / +300 (7,000) | -100 | 2/2 | 1-/1+ (p 1, Holm 1) | 1/2 beyond 450 (?) |")
     # the pulse of 3 at two steps pooled: seed 1 shifts -500 and -2,000 (mean -1,250), seed 2 +300 and -1,000
     # (mean -350): two negative seeds (binomial 2 of 2: p 0.5); 3 of the 4 seed-step shifts beyond 450
     assert pulses[5] == ("| ln | schedule weight_decay=3.0@+0:+200 | all steps, mean per seed | -1,250 | -350 | -750 | | "
-                         "2-/0+ (p 0.5) | 3/4 beyond ±450 |")
-    assert len(pulses) == 6  # the pulse of 0.3 at one step has no pooled row
+                         "2-/0+ (p 0.5, Holm 1) | 3/4 beyond 450 (?) |")
+    assert len(pulses) == 10 and pulses[7] == "Notes:"  # the pulse of 0.3 at one step has no pooled row
+    assert pulses[9].startswith("- provenance: 6 of 6 arms were trained after their fork from an uncommitted tree or "
+                                "name no commit")  # the constructed records name no commit
     assert tables["rescue"].splitlines()[2] == ("| ln | norm sphere, unembed bounded, weight_decay 0 | 5,000 | none by "
                                                 "12,000, peak test acc 0.50 (8,000) | - | 0/1 | - | - |")
+    # no floor from committed replicates on the arms' machine: said, with the labelled range; none: said
+    shifts = [(500, "?"), (-100, "?")]
+    assert summarize.beyond_cell(shifts, "k", {("k", "?"): MachineFloor(None, 300)}) == (
+        "no floor of committed runs on ?; 1/2 beyond its range with uncommitted runs, 300")
+    assert summarize.beyond_cell(shifts, "k", {("k", "AMD"): MachineFloor(50, 50)}) == "no floor measured on ?"
+    assert summarize.beyond_cell([(500, "A"), (90, "B")], "k", {("k", "A"): MachineFloor(400, 400),
+                                                                ("k", "B"): MachineFloor(100, 100)}) == (
+        "1/1 beyond 400 (A); 0/1 beyond 100 (B)")
     embed_spec = importlib.util.spec_from_file_location("embed", REPO / "analyses" / "reproduction" / "embed_tables.py")
     embed = importlib.util.module_from_spec(embed_spec)
     embed_spec.loader.exec_module(embed)

@@ -108,8 +108,11 @@ def test_llc_points_pairs_successive_stable_estimates_by_seed():
     runs = {1: (90, est((10, 1.0), (20, 5.0), (30, 2.0))), 2: (80, est((10, 1.5), (20, -3.0), (22, 6.0), (30, 2.5))),
             3: (70, est((10, 0.5), (20, 4.0), (30, 1.0)))}
     lines = points.along(runs).splitlines()
-    assert lines[0].startswith("- stable estimate 1 -> 2 of each run (epochs 10 -> 20-22): rose in 3 of 3 runs; p = 0.125")
-    assert lines[1].startswith("- stable estimate 2 -> 3 of each run (epochs 20-22 -> 30): fell in 3 of 3 runs; p = 0.125")
+    # the direction is read from the runs, so the test is two-sided (three pairs all one way: 2/8), and Holm over the steps
+    assert lines[0].startswith("- stable estimate 1 -> 2 of each run (epochs 10 -> 20-22): rose in 3 of 3 runs; "
+                               "p = 0.25, Holm 0.5 over the 2 steps (exact Wilcoxon signed-rank, two-sided")
+    assert lines[1].startswith("- stable estimate 2 -> 3 of each run (epochs 20-22 -> 30): fell in 3 of 3 runs; "
+                               "p = 0.25, Holm 0.5 over the 2 steps")
     runs[3] = (70, est((10, 0.5), (20, -1.0), (30, 1.0)))  # 2 stable estimates where the others have 3: no pairing
     assert points.along(runs) == ""
 
@@ -141,6 +144,8 @@ def test_llc_points_compares_two_presets_for_the_whole_model_and_each_component(
         "- last stable estimate of each run, attn", "- last stable estimate of each run, mlp"]
     assert "fb median 2 (3 runs) against ln 600 (3); fb smaller: p = 0.05" in lines[0]  # fb's unstable peaks left out
     assert "fb median 0.5 (3 runs) against ln 150 (3)" in lines[1] and all("p = 0.05" in line for line in lines)
+    # one family: the six tests printed, Holm multiplies the smallest (all equal) p by six
+    assert all("Holm 0.3 over the 6 tests of this list (exact Mann-Whitney, one-sided)" in line for line in lines)
     head = points.table(ln).splitlines()[0]
     assert head.startswith("| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | attn | mlp | sharpness")
 

@@ -84,7 +84,7 @@ def test_precursors_command_on_constructed_runs(tmp_path, geolens):
     assert set(rows) == recorded  # the precursors these runs hold columns for
     # test loss peaks at 600 / 1,500 / 1,100 before onsets 1,000 / 2,000 / 1,500: leads 400, 500, 400
     assert rows["test_loss"][3:8] == ["3", "3", "1.00", "400", "400 to 450"] and rows["test_loss"][9] == "+1.00"
-    assert rows["test_loss"][8] == "400 to 500"  # the bootstrap interval of the median of 400, 400, 500
+    assert rows["test_loss"][8] == "400 to 500 (75%)"  # three leads: their range, which covers the median 75%
     # three runs: 3! = 6 pairings, two of them as extreme as a perfect rank correlation: p = 1/3, survives nothing
     assert rows["test_loss"][10:13] == ["0.333", "1", "no"]
     # the weight norm grows to the end: no peak in any run
@@ -92,7 +92,7 @@ def test_precursors_command_on_constructed_runs(tmp_path, geolens):
     # the logit scale rises until the onset and then holds: it crosses half its change at half the onset
     assert rows["logit_scale"][6] == "750"
     assert rows["attn_var"][3:8] == ["3", "3", "1.00", "300", "300 to 300"]  # the bump's top
-    assert rows["attn_var"][8:10] == ["300 to 300", "+1.00"]
+    assert rows["attn_var"][8:10] == ["300 to 300 (75%)", "+1.00"]
     assert rows["erank_mlp"][2:7] == ["trough", "3", "3", "1.00", "100"]  # the collapse's bottom
     from geolens.outputs.plots import Line
     from geolens.outputs.precursor_table import fig_precursors, load_groups, precursor_rows

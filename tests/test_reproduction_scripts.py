@@ -58,6 +58,12 @@ def test_spectral_table_rows_are_the_last_checkpoints_metrics_next_to_the_paper(
         assert row[5] == f"{fve['fve_paper_U_max']:.2f} / {fve['fve_paper_V_max']:.2f}"
         assert (tmp_path / "results" / preset / "seed_42" / "analysis" / "metrics.csv").is_file()
     assert rows[0][6] == "U 62.55% / V 48.43%" and rows[0][8] == "0.9996"  # the paper's, from paper_tables.json
+    # a run that records no commit (or an uncommitted tree) is named in the table's notes
+    header = json.loads((src / "ln" / "seed_42" / "run.json").read_text())
+    (src / "ln" / "seed_42" / "run.json").write_text(json.dumps({**header, "segments": []}))
+    script("spectral").main(src, tmp_path / "results", tmp_path / "tables")
+    text = (tmp_path / "tables" / "spectral.md").read_text()
+    assert "Notes:" in text and "runs record no commit" in text and "ln/seed_42" in text.split("Notes:")[1]
     assert rows[1][6] == "up to ~54%" and rows[1][8] == "0.9998"
 
 

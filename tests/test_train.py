@@ -117,6 +117,40 @@ def test_git_commit_names_the_checkout_a_file_is_tracked_in(tmp_path):
     storage.git_commit.cache_clear()
 
 
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_git_commit_is_dirty_when_analyses_or_pyproject_differ(tmp_path):
+    """The commit covers what analyses/clean_tree.sh covers: the package, analyses/ and pyproject.toml."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              check=True, capture_output=True, text=True).stdout.strip()
+
+    repo = tmp_path / "repo"
+    for rel in ("pkg/__init__.py", "analyses/table.py", "pyproject.toml", "docs/a.md"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    sha, module = git("rev-parse", "HEAD"), repo / "pkg" / "__init__.py"
+
+    def commit():
+        storage.git_commit.cache_clear()
+        return storage.git_commit(module, storage.SOURCE_SIBLINGS)
+
+    assert commit() == sha
+    (repo / "docs" / "a.md").write_text("x = 2\n")  # outside what a record's commit covers
+    assert commit() == sha
+    (repo / "analyses" / "table.py").write_text("x = 2\n")
+    assert commit() == sha + "+dirty"
+    git("checkout", "--", "analyses")
+    (repo / "pyproject.toml").write_text("x = 2\n")
+    assert commit() == sha + "+dirty"
+    git("checkout", "--", "pyproject.toml")
+    (repo / "analyses" / "new.py").write_text("x = 1\n")  # untracked counts, as in clean_tree.sh
+    assert commit() == sha + "+dirty"
+    storage.git_commit.cache_clear()
+
+
 def test_killed_run_resumes_bit_identically(tmp_path, monkeypatch):
     cfg = make_config("sphere", epochs=50, eval_every=5, checkpoints="every:10", seed=3, **TINY)
     training.train(cfg, tmp_path / "full", progress=False)

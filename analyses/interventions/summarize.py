@@ -7,12 +7,15 @@ Writes OUT/tables/parents.md (the parents' onsets) and OUT/tables/<experiment>.m
 (the first folder level under RECORDS): one row per change and fork step with every seed's arm onset,
 the epochs from the fork to that onset and the shift against the parent's own onset (arm onset_095
 minus the parent's), with the median shift over the seeds that have one, the sign test of the shifts
-across seeds and how many shifts lie beyond the float-order noise floor of the parent's configuration
-(FLOORS, written by `geolens noise-floor`; geolens.analysis.noise_floor); then, for a change forked at
-several steps, one row pooling them: the sign test of each seed's mean shift over its steps (the steps
-of one seed share its parent's onset, so they are not independent shifts) and how many of all the
-seed-step shifts lie beyond the floor. An arm without an onset shows its last epoch and its
-peak test accuracy after the fork. OUT/tables.md holds them all. docs/interventions.md embeds them
+across seeds (Holm-corrected over every sign test of the tables: one family) and how many shifts lie beyond the
+float-order noise floor of the parent's configuration on the machine the arm trained on after its fork (FLOORS,
+written by `geolens noise-floor`; geolens.analysis.noise_floor: the largest range of committed replicates; a
+machine without one is named, never given another machine's); then, for a change forked at several steps, one row
+pooling them: the sign test of each seed's mean shift over its steps (the steps of one seed share its parent's
+onset, so they are not independent shifts) and how many of all the seed-step shifts lie beyond the floor. An arm
+without an onset shows its last epoch and its peak test accuracy after the fork. Each table's notes say which of
+its records were trained from an uncommitted tree or name no commit: after the fork (the arm's own segments) or
+before it (segments inherited from the parent). OUT/tables.md holds them all. docs/interventions.md embeds them
 (analyses/reproduction/embed_tables.py).
 """
 
@@ -22,8 +25,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from geolens.analysis.noise_floor import read_floors
-from geolens.analysis.significance import fmt_p, sign_test
+from geolens.analysis.noise_floor import MachineFloor, committed, machine_name, read_floors
+from geolens.analysis.significance import fmt_p, holm, sign_test
 from geolens.outputs.figures import change_label, find_parent
 from geolens.runs.runset import config_name, find_runs, group_key
 
@@ -36,17 +39,64 @@ def fmt(x: int | None) -> str:
     return "-" if x is None else f"{x:,}"
 
 
-def shift_cells(shifts: list[float], floor: int | None, beyond: list[float] | None = None) -> str:
-    """'3-/0+ (p 0.25) | 2/3 beyond ±410': the sign test of the shifts and how many of `beyond` (default:
-    the shifts) exceed the floor."""
+HOLM = "{holm}"  # where a sign test's Holm-corrected p-value goes, once every table's tests are known
+
+
+def beyond_cell(shifts: list[tuple[float, str]], key: str, floors: dict[tuple[str, str], MachineFloor]) -> str:
+    """How many shifts (shift, machine the arm trained on) exceed the floor of the parent's configuration (key) on
+    their machine, one clause per machine: '2/3 beyond 1,410 (MACHINE)'; a machine without a floor of committed
+    replicates says so, with the range its uncommitted replicates give where there is one."""
+    parts = []
+    for machine in dict.fromkeys(m for _, m in shifts):
+        xs = [x for x, m in shifts if m == machine]
+        f = floors.get((key, machine), MachineFloor(None, None))
+        if f.floor is not None:
+            parts.append(f"{sum(abs(x) > f.floor for x in xs)}/{len(xs)} beyond {f.floor:,} ({machine})")
+        elif f.with_uncommitted is not None:
+            parts.append(f"no floor of committed runs on {machine}; {sum(abs(x) > f.with_uncommitted for x in xs)}/"
+                         f"{len(xs)} beyond its range with uncommitted runs, {f.with_uncommitted:,}")
+        else:
+            parts.append(f"no floor measured on {machine}")
+    return "; ".join(parts)
+
+
+def sign_cell(shifts: list[float]) -> tuple[str, float | None]:
+    """('3-/0+ (p 0.25, Holm {holm})', p): the sign test of the shifts, its corrected p filled in later."""
     neg, pos, p = sign_test(shifts)
-    beyond = shifts if beyond is None else beyond
-    exceed = "-" if floor is None else f"{sum(abs(x) > floor for x in beyond)}/{len(beyond)} beyond ±{floor:,}"
-    return f"{neg}-/{pos}+ (p {fmt_p(p)}) | {exceed}"
+    return f"{neg}-/{pos}+ (p {fmt_p(p)}, Holm {HOLM})", p
 
 
-def summarize(records: Path, floors: dict[str, int | None]) -> dict[str, str]:
-    """{name: Markdown table}: 'parents', then one per experiment (floors: read_floors, by group_key)."""
+def provenance(arms: list, parents: list) -> list[str]:
+    """Notes on the code that trained a table's records: arms whose own segments (from the fork on) or whose
+    inherited segments (the parent's, before the fork) were trained from an uncommitted tree or name no commit."""
+    def bad(segments: list[dict]) -> bool:
+        return any(not s.get("geolens_commit") or s["geolens_commit"].endswith("+dirty") for s in segments)
+
+    own, inherited = 0, 0
+    for r in arms:
+        step = r.header["fork"]["step"]
+        segments = r.header.get("segments") or []
+        if bad([s for s in segments if s.get("from_epoch", 0) >= step]) or not segments:
+            own += 1
+        elif bad([s for s in segments if s.get("from_epoch", 0) < step]):
+            inherited += 1
+    notes = []
+    if own:
+        notes.append(f"provenance: {own} of {len(arms)} arms were trained after their fork from an uncommitted tree or "
+                     "name no commit: their code is not exactly any commit's")
+    if inherited:
+        notes.append(f"provenance: {inherited} of {len(arms)} arms trained from a committed tree after their fork but "
+                     "inherit epochs before it from a parent trained from an uncommitted tree (run.json segments)")
+    dirty_parents = [r for r in parents if not committed(r)]
+    if dirty_parents:
+        notes.append(f"provenance: {len(dirty_parents)} of {len(parents)} parents were trained from an uncommitted tree "
+                     "or name no commit")
+    return notes
+
+
+def summarize(records: Path, floors: dict[tuple[str, str], MachineFloor]) -> dict[str, str]:
+    """{name: Markdown table with its notes}: 'parents', then one per experiment (floors: read_floors, by
+    (group_key, machine))."""
     runs, _ = find_runs(records)
     parents = sorted((r for r in runs if r.header.get("fork") is None),
                      key=lambda r: (config_name(r.config), r.config.seed))
@@ -54,51 +104,71 @@ def summarize(records: Path, floors: dict[str, int | None]) -> dict[str, str]:
         ["| configuration | seed | onset_095 | sustained_099 | budget |", "| --- | --- | --- | --- | --- |"] +
         [f"| {config_name(r.config)} wd {r.config.weight_decay:g} | {r.config.seed} | {fmt(onset(r))} | "
          f"{fmt(r.events.get('sustained_099'))} | {r.config.epochs:,} |" for r in parents])}
-    arms: dict[str, dict[tuple[str, str, int], dict[int, tuple]]] = {}
+    if notes := provenance([], parents):
+        tables["parents"] += "\n\nNotes:\n\n" + "\n".join(f"- {n}" for n in notes)
+    arms: dict[str, dict[tuple[str, str, int, str], dict[int, tuple]]] = {}
+    arm_runs: dict[str, list] = {}
     for r in runs:
         fork = r.header.get("fork")
         if fork is None:
             continue
         parent = find_parent(fork, runs)
         experiment = r.path.relative_to(records).parts[0]
+        arm_runs.setdefault(experiment, []).append(r)
         key = (config_name(parent.config) if parent else "?", change_label(fork), fork["step"],
-               floors.get(group_key(parent.config)) if parent else None)
+               group_key(parent.config) if parent else "?")
         shift = None if parent is None or None in (onset(r), onset(parent)) else onset(r) - onset(parent)
         peak = max(row["test_acc"] for row in r.metrics if row["epoch"] >= fork["step"])
         arms.setdefault(experiment, {}).setdefault(key, {})[r.config.seed] = (
             onset(r), None if onset(r) is None else onset(r) - fork["step"], shift, onset(parent) if parent else None,
-            r.metrics[-1]["epoch"], peak)
+            r.metrics[-1]["epoch"], peak, machine_name(r, fork["step"]))
+    pvalues: list[float | None] = []  # every sign test of the tables, in the order their HOLM marks appear
     for experiment in sorted(arms):
         seeds = sorted({s for v in arms[experiment].values() for s in v})
         lines = ["| parent | change | fork step | " + " | ".join(f"seed {s}" for s in seeds) +
                  " | median shift | arms with an onset | sign test | beyond the noise floor |",
                  "| --- | --- | --- | " + " | ".join("---" for _ in seeds) + " | --- | --- | --- | --- |"]
-        pooled: dict[tuple, dict[int, list[int]]] = {}
-        for (parent, change, step, floor), by_seed in sorted(arms[experiment].items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        pooled: dict[tuple, dict[int, list[tuple[int, str]]]] = {}
+        for (parent, change, step, key), by_seed in sorted(arms[experiment].items(), key=lambda kv: (kv[0][1], kv[0][2])):
             cells = []
             for s in seeds:
                 if s not in by_seed:
                     cells.append("")
                     continue
-                o, since, shift, p_onset, last, peak = by_seed[s]
+                o, since, shift, p_onset, last, peak, _ = by_seed[s]
                 cells.append(f"{fmt(o)} / {fmt(since)} / {'-' if shift is None else f'{shift:+,}'} ({fmt(p_onset)})"
                              if o is not None else f"none by {last:,}, peak test acc {peak:.2f} ({fmt(p_onset)})")
-            shifts = [v[2] for v in by_seed.values() if v[2] is not None]
+            shifts = [(v[2], v[6]) for v in by_seed.values() if v[2] is not None]
             for seed, v in by_seed.items():
                 if v[2] is not None:
-                    pooled.setdefault((parent, change, floor), {}).setdefault(seed, []).append(v[2])
-            median = f"{statistics.median(shifts):+,.0f}" if shifts else "-"
+                    pooled.setdefault((parent, change, key), {}).setdefault(seed, []).append((v[2], v[6]))
+            median = f"{statistics.median(x for x, _ in shifts):+,.0f}" if shifts else "-"
+            tested = "- | -"
+            if shifts:
+                cell, p = sign_cell([x for x, _ in shifts])
+                pvalues.append(p)
+                tested = f"{cell} | {beyond_cell(shifts, key, floors)}"
             lines.append(f"| {parent} | {change} | {step:,} | " + " | ".join(cells) +
-                         f" | {median} | {sum(v[0] is not None for v in by_seed.values())}/{len(by_seed)} | "
-                         f"{shift_cells(shifts, floor) if shifts else '- | -'} |")
-        for (parent, change, floor), by_seed_shifts in pooled.items():
+                         f" | {median} | {sum(v[0] is not None for v in by_seed.values())}/{len(by_seed)} | {tested} |")
+        for (parent, change, key), by_seed_shifts in pooled.items():
             every = [x for xs in by_seed_shifts.values() for x in xs]
             if len(every) > len(by_seed_shifts):  # more than one fork step: each seed's mean over its steps
-                means = {seed: statistics.fmean(xs) for seed, xs in by_seed_shifts.items()}
+                means = {seed: statistics.fmean(x for x, _ in xs) for seed, xs in by_seed_shifts.items()}
+                cell, p = sign_cell(list(means.values()))
+                pvalues.append(p)
                 lines.append(f"| {parent} | {change} | all steps, mean per seed | "
                              + " | ".join(f"{means[s]:+,.0f}" if s in means else "" for s in seeds)
-                             + f" | {statistics.median(every):+,.0f} | | {shift_cells(list(means.values()), floor, every)} |")
-        tables[experiment] = "\n".join(lines)
+                             + f" | {statistics.median(x for x, _ in every):+,.0f} | | {cell} | "
+                             f"{beyond_cell(every, key, floors)} |")
+        text = "\n".join(lines)
+        if notes := provenance(arm_runs[experiment], []):
+            text += "\n\nNotes:\n\n" + "\n".join(f"- {n}" for n in notes)
+        tables[experiment] = text
+    corrected = iter(holm(pvalues))
+    for name, text in tables.items():
+        while HOLM in text:
+            text = text.replace(HOLM, fmt_p(next(corrected)), 1)
+        tables[name] = text
     return tables
 
 
@@ -115,8 +185,12 @@ def main(argv: list[str]) -> None:
               "brackets); an arm without an onset: its last epoch and its peak test accuracy after the fork. Sign test: "
               "negative/positive shifts and the two-sided binomial p-value (scipy.stats.binomtest; three seeds cannot go "
               f"below 0.25; a row of all steps tests each seed's mean shift, since the steps of one seed share its "
-              f"parent's onset). Beyond the noise floor: shifts larger than the float-order floor of the parent's "
-              f"configuration ({floors_file}, `geolens noise-floor`), over every seed-step.")
+              f"parent's onset), Holm-corrected over every sign test of these tables (one family). Beyond the noise "
+              f"floor: shifts larger than the float-order floor of the parent's configuration on the machine the arm "
+              f"trained on after its fork ({floors_file}, `geolens noise-floor`: the largest range of one seed's "
+              f"replicates trained from a committed tree on that machine), over every seed-step; a machine without "
+              f"such a floor is named, with the range its uncommitted replicates give, and no other machine's floor "
+              f"stands in for it.")
     text = "\n\n".join([f"# Interventions: onsets\n\nRecords: `{records}`. {legend}"] +
                          [f"## {name}\n\n{table}" for name, table in tables.items()]) + "\n"
     (out / "tables.md").write_text(text)

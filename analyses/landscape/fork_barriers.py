@@ -11,7 +11,8 @@ train and test barriers. With --control (a change label as the table prints it, 
 "schedule weight_decay=1.01@+0:+200"), each other change's test barriers are set against the control's, among
 the pairs where both runs had generalised (test accuracy >= 0.95 at the epoch compared), within seeds (arms of
 one seed share their parent): the stratified exact Mann-Whitney test (significance.smaller_within), one-sided,
-that the control's barriers are the smaller: the control measures the barrier any negligible perturbation leads to.
+that the control's barriers are the smaller (the control measures the barrier any negligible perturbation leads
+to), for every change pooled and for each change, Holm-corrected over those tests (one family).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from geolens.analysis.significance import fmt_p, smaller_within
+from geolens.analysis.significance import fmt_p, holm, smaller_within
 from geolens.outputs.figures import barrier_points
 from geolens.outputs.tables import Rule
 from geolens.runs.runset import found_runs
@@ -56,7 +57,7 @@ def rows_of(root: Path) -> tuple[list[dict], list[str]]:
 def against_control(rows: list[dict], control: str) -> list[str]:
     """One line per change of the control's parent configuration (and one for all of them pooled): its test
     barriers' median and count against the control's, where both runs had generalised, and the within-seed
-    one-sided p-value that the control's are smaller."""
+    one-sided p-value that the control's are smaller, with its Holm correction over the lines' tests."""
     both = [r for r in rows if min(r["parent_test_acc"], r["arm_test_acc"]) >= GENERALISED]
     ctrl = [r for r in both if r["change"] == control]
     if not ctrl:
@@ -67,15 +68,17 @@ def against_control(rows: list[dict], control: str) -> list[str]:
     def median(group: list[dict]) -> float:
         return float(np.median([r["barrier_test"] for r in group]))
 
-    lines = []
+    heads, ps = [], []
     for name, arms in [("every change", others)] + [(c, [r for r in others if r["change"] == c])
                                                      for c in sorted({r["change"] for r in others})]:
         strata = [([r["barrier_test"] for r in ctrl if r["seed"] == s], [r["barrier_test"] for r in arms if r["seed"] == s])
                   for s in seeds]
-        lines.append(f"{name}: test barrier median {median(arms):.3g} ({len(arms)} arms) against the control's "
-                     f"{median(ctrl):.3g} ({len(ctrl)}); the control's smaller within seeds: p = {fmt_p(smaller_within(strata))} "
-                     "(stratified exact Mann-Whitney, one-sided)")
-    return lines
+        heads.append(f"{name}: test barrier median {median(arms):.3g} ({len(arms)} arms) against the control's "
+                     f"{median(ctrl):.3g} ({len(ctrl)}); the control's smaller within seeds")
+        ps.append(smaller_within(strata))
+    tested = sum(p is not None for p in ps)
+    return [f"{head}: p = {fmt_p(p)}, Holm {fmt_p(q)} over the {tested} tests here (stratified exact Mann-Whitney, "
+            "one-sided)" for head, p, q in zip(heads, ps, holm(ps))]
 
 
 def markdown(rows: list[dict], notes: list[str], comparison: list[str] | None = None) -> str:

@@ -14,9 +14,11 @@ sharpness, marked '(trace: old rule)' where it was recorded before judge read th
 estimates, llc.usable, enter the comparisons), the components' LLCs where estimated, the
 sharpness, and the training loss and test accuracy there. When every run has the same number of stable
 estimates, successive ones are compared across runs (paired by seed; an unstable estimate's place taken by the
-next checkpoint estimated). --against adds, at each run's largest and last stable estimates, the exact one-sided
+next checkpoint estimated): in how many runs the LLC rose, and the exact two-sided Wilcoxon signed-rank test
+(significance.paired_differ; the direction is read from the data, so the test asks both), Holm-corrected over
+the steps printed. --against adds, at each run's largest and last stable estimates, the exact one-sided
 Mann-Whitney test (scipy.stats, significance.smaller_than) that FOLDER_B's runs have the smaller LLC, for the
-whole model and each component estimated there.
+whole model and each component estimated there, Holm-corrected over the tests printed (one family).
 
 Along dense series (an estimate at every checkpoint), --landmarks prints one row per run instead: where its series
 (stable estimates, those inside a loss spike left out) peaks (the largest estimate, and the causal peak rule of
@@ -34,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from geolens.analysis.llc import COMPONENTS, loss_spikes, stable_word, usable
-from geolens.analysis.significance import fmt_p, smaller_than, wilcoxon_less
+from geolens.analysis.significance import fmt_p, holm, paired_differ, smaller_than
 from geolens.analysis.trajectory import read_table
 from geolens.outputs.plots import PALETTE, FigureSpec, Line, Panel, VLine, save_static
 from geolens.outputs.tables import Rule
@@ -93,8 +95,9 @@ def table(est: Estimates) -> str:
 def along(est: Estimates) -> str:
     """One line per pair of successive stable estimates (the k-th and k+1-th stable estimate of every run, paired
     by seed; an unstable estimate's place is taken by the next checkpoint estimated): the epochs, in how many runs
-    the LLC rose, and the exact one-sided Wilcoxon signed-rank p-value (significance.wilcoxon_less) of the
-    direction most runs took. Empty unless every run has the same number (>= 2) of stable estimates."""
+    the LLC rose (or fell, if most runs fell), and the exact two-sided Wilcoxon signed-rank p-value
+    (significance.paired_differ) with its Holm correction over the lines. Empty unless every run has the same
+    number (>= 2) of stable estimates."""
     series = [[(e, points[e]) for e in sorted(points) if usable(points[e])] for _, points in est.values()]
     if len({len(s) for s in series}) != 1 or len(series[0]) < 2:
         return ""
@@ -103,40 +106,44 @@ def along(est: Estimates) -> str:
         lo, hi = min(s[k][0] for s in series), max(s[k][0] for s in series)
         return f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
 
-    lines = []
+    heads, ps = [], []
     for k in range(len(series[0]) - 1):
         pairs = [(s[k][1]["llc"], s[k + 1][1]["llc"]) for s in series]
-        before, after = [a for a, _ in pairs], [b for _, b in pairs]
         rose = sum(b > a for a, b in pairs)
         up = rose * 2 >= len(pairs)
-        p = wilcoxon_less(before, after) if up else wilcoxon_less(after, before)
-        lines.append(f"- stable estimate {k + 1} -> {k + 2} of each run (epochs {epochs(k)} -> {epochs(k + 1)}): "
-                     f"{'rose' if up else 'fell'} in {rose if up else len(pairs) - rose} of {len(pairs)} runs; "
-                     f"p = {fmt_p(p)} (exact Wilcoxon signed-rank, one-sided, paired by seed)")
-    return "\n".join(lines) + "\n"
+        heads.append(f"- stable estimate {k + 1} -> {k + 2} of each run (epochs {epochs(k)} -> {epochs(k + 1)}): "
+                     f"{'rose' if up else 'fell'} in {rose if up else len(pairs) - rose} of {len(pairs)} runs")
+        ps.append(paired_differ([a for a, _ in pairs], [b for _, b in pairs]))
+    steps = f"{len(ps)} step{'s' * (len(ps) != 1)}"
+    return "".join(f"{head}; p = {fmt_p(p)}, Holm {fmt_p(q)} over the {steps} (exact Wilcoxon signed-rank, two-sided, "
+                   f"paired by seed)\n" for head, p, q in zip(heads, ps, holm(ps)))
 
 
 def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> str:
     """Two lines per quantity (the whole model's LLC, then each component's estimated in every chosen checkpoint):
     at each run's largest stable whole-model estimate, and at its last stable one, b's runs (name, estimates)
-    against a's: medians, and the exact one-sided Mann-Whitney p-value that b's are the smaller."""
+    against a's: medians, and the exact one-sided Mann-Whitney p-value that b's are the smaller, Holm-corrected over
+    every test of the list (one family)."""
     runs = {name: [kept for _, points in est.values() if (kept := {e: v for e, v in points.items() if usable(v)})]
             for name, est in (a, b)}
-    lines = []
+    lines: list[tuple[str, float | None]] = []  # (the line up to its p-value, the p-value); None: no test
     for what, pick in (("largest stable estimate of each run", lambda p: max(p, key=lambda e: p[e]["llc"])),
                        ("last stable estimate of each run", max)):
         chosen = {name: [p[pick(p)] for p in runs[name]] for name, _ in (a, b)}
         if not (chosen[a[0]] and chosen[b[0]]):
-            lines.append(f"- {what}: no estimates at {draws} draws for {a[0] if not chosen[a[0]] else b[0]}")
+            lines.append((f"- {what}: no estimates at {draws} draws for {a[0] if not chosen[a[0]] else b[0]}", None))
             continue
         held = [c for c in components(a[1], b[1]) if all(f"llc_{c}" in v for vs in chosen.values() for v in vs)]
         for quantity, label in [("llc", ""), *((f"llc_{c}", f", {c}") for c in held)]:
             stable = f"{quantity}_stable" if quantity != "llc" else "llc_stable"  # a component's own verdict
             va, vb = ([v[quantity] for v in chosen[name] if v.get(stable, 1.0) == 1.0] for name, _ in (a, b))
-            lines.append(f"- {what}{label}: {b[0]} median {np.median(vb):.4g} ({len(vb)} runs) against {a[0]} "
-                         f"{np.median(va):.4g} ({len(va)}); {b[0]} smaller: p = {fmt_p(smaller_than(vb, va))} "
-                         "(exact Mann-Whitney, one-sided)")
-    return "\n".join(lines) + "\n"
+            lines.append((f"- {what}{label}: {b[0]} median {np.median(vb):.4g} ({len(vb)} runs) against {a[0]} "
+                          f"{np.median(va):.4g} ({len(va)}); {b[0]} smaller: p = {fmt_p(smaller_than(vb, va))}",
+                          smaller_than(vb, va)))
+    ps = [p for _, p in lines]
+    tested = sum(p is not None for p in ps)
+    return "".join(f"{head}\n" if p is None else f"{head}, Holm {fmt_p(q)} over the {tested} tests of this list "
+                   "(exact Mann-Whitney, one-sided)\n" for (head, p), q in zip(lines, holm(ps)))
 
 
 def stable_series(points: dict[int, dict[str, float]]) -> tuple[list[int], list[float]]:

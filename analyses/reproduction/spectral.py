@@ -1,7 +1,8 @@
 """The paper's section 4.3 (spectral analysis) from geolens runs: for every finished run under RUNS
 (trained until the first logged test accuracy >= 0.99, analyses/reproduction/spectral.toml), analyse
 its last checkpoint and write the comparison with the paper's numbers to OUT/spectral.md, copying each
-run's analysis/metrics.csv to RESULTS (same layout as RUNS).
+run's analysis/metrics.csv to RESULTS (same layout as RUNS). The table's notes say which runs were trained from an
+uncommitted tree or record no commit (runset.provenance_notes).
 
     python analyses/reproduction/spectral.py runs/spectral results/spectral results/tables
 """
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from geolens import load_run
 from geolens.outputs.paper import paper_tables
+from geolens.runs.runset import provenance_notes
 
 METRICS = ["loss", "keyfreq_wl_fft", "fve_paper", "truncated_logit_acc", "clock_pizza", "grad_symmetricity",
            "distance_irrelevance"]
@@ -44,12 +46,13 @@ def row(run) -> list[str]:
 def main(src: Path, results: Path, out: Path) -> None:
     header = ["config", "seed", "epoch (first logged acc >= 0.99)", "test acc", "key frequencies: fve_paper U / V (%)",
               "U / V max (%)", "paper FVE", "truncated-logit acc", "paper", "grad symmetricity / distance irrelevance"]
-    rows = []
+    rows, runs = [], []
     for run_json in sorted(src.rglob("run.json")):
         run = load_run(run_json.parent)
         if run.header.get("status") != "finished":
             continue
         rows.append(row(run))
+        runs.append(run)
         target = results / run_json.parent.relative_to(src) / "analysis"
         target.mkdir(parents=True, exist_ok=True)
         shutil.copy2(run.path / "analysis" / "metrics.csv", target / "metrics.csv")
@@ -57,6 +60,8 @@ def main(src: Path, results: Path, out: Path) -> None:
              f"From `python analyses/reproduction/spectral.py {src} {results} {out}`; definitions in docs/metrics.md.", "",
              "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
+    if notes := provenance_notes(runs):
+        lines += ["", "Notes:", ""] + [f"- {n}" for n in notes]
     out.mkdir(parents=True, exist_ok=True)
     (out / "spectral.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -3,8 +3,8 @@
 The precursors and their event rules are geolens.runs.precursor_events' (one rule per precursor, the
 same for every run). lead_stats summarises a configuration's runs: how many have an event, the
 fraction whose event precedes the onset, the median lead (onset minus event) with its interquartile
-range and bootstrap 95% interval, the Spearman correlation of event epoch and onset across seeds with
-its permutation p-value, and the leave-one-out absolute errors of predicting each run's onset from its
+range and its order-statistic interval (with its coverage: 95% or more from 6 runs, the range below), the
+Spearman correlation of event epoch and onset across seeds with its permutation p-value (exact up to 12 runs), and the leave-one-out absolute errors of predicting each run's onset from its
 event epoch (a line fitted to the other runs) against predicting the other runs' mean onset (their
 means, and on how many held-out runs the line is closer). with_holm adds the Holm-corrected p-value
 over every row compared. The statistics are geolens.analysis.significance's; docs/metrics.md defines
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from geolens.analysis.significance import ALPHA, holm, median_ci, spearman_test
+from geolens.analysis.significance import ALPHA, holm, median_interval, spearman_test
 from geolens.runs.precursor_events import PRECURSORS, Precursor, event_epoch
 from geolens.runs.run import Run
 from geolens.runs.runset import RunGroup
@@ -37,9 +37,9 @@ class LeadStats:
     precedes: float | None  # fraction of runs with an event whose event is before the onset
     lead_median: float | None
     lead_iqr: tuple[float, float] | None
-    lead_ci: tuple[float, float] | None  # bootstrap 95% interval of the median lead (>= 2 runs)
+    lead_interval: tuple[float, float, float] | None  # (low, high, coverage) of the median lead (>= 2 runs)
     spearman: float | None  # needs >= 3 runs with an event
-    spearman_p: float | None  # two-sided permutation p-value of the Spearman correlation
+    spearman_p: float | None  # two-sided permutation p-value of the Spearman correlation (significance.spearman_test)
     loo_error: float | None  # leave-one-out MAE of the linear fit (>= 3 runs)
     loo_baseline: float | None  # leave-one-out MAE of the mean onset
     loo_wins: int | None  # held-out runs the fit predicts more closely than the mean onset does
@@ -61,7 +61,7 @@ def lead_stats(name: str, pairs: list[tuple[int, int | None]]) -> LeadStats:
         stats.lead_median = statistics.median(leads)
         q = torch.quantile(torch.tensor(leads, dtype=torch.float64), torch.tensor([0.25, 0.75], dtype=torch.float64))
         stats.lead_iqr = (float(q[0]), float(q[1]))
-        stats.lead_ci = median_ci(leads)
+        stats.lead_interval = median_interval(leads)
     if len(both) >= 3:
         onsets, events = [float(o) for o, _ in both], [float(e) for _, e in both]
         stats.spearman, stats.spearman_p = spearman_test(events, onsets)

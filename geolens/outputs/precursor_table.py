@@ -19,7 +19,7 @@ from geolens.analysis.online_rules import (HORIZON, OnlineStats, Scored, check_f
                                           group_series, loo_outcomes, nested_online, operating_points,
                                           recorded_columns, run_auroc, scored)
 from geolens.analysis.online_rules import with_holm as online_with_holm
-from geolens.analysis.significance import fmt_p, wilcoxon_less
+from geolens.analysis.significance import fmt_interval, fmt_p, spearman_null, wilcoxon_less
 from geolens.errors import GeoError
 from geolens.outputs.plots import PALETTE, FigureSpec, Line, Panel, VLine
 from geolens.runs.forecast import Forecast, read_forecasts
@@ -28,7 +28,7 @@ from geolens.runs.runset import RunGroup, found_runs, group_key, group_runs
 from geolens.runs.storage import atomic_write_bytes
 
 COLUMNS = ["configuration", "precursor", "rule", "runs", "with event", "precedes", "lead median", "lead IQR",
-           "lead 95% CI", "spearman", "p", "p (Holm)", "survives", "LOO error", "LOO mean-onset error", "LOO beats mean"]
+           "lead interval (coverage)", "spearman", "p", "p (Holm)", "survives", "LOO error", "LOO mean-onset error", "LOO beats mean"]
 
 
 def load_groups(root: str | Path) -> tuple[list[RunGroup], list[str]]:
@@ -63,8 +63,12 @@ def precursor_rows(groups: list[RunGroup], found: list[str]) -> tuple[list[dict[
     order = {label: i for i, label in enumerate(dict.fromkeys(label for label, _ in stats))}
     stats.sort(key=lambda ls: (order[ls[0]], not ls[1].survives, ls[1].holm_p is None, ls[1].holm_p or 0.0))
     if tested:
-        notes.insert(0, f"p: two-sided permutation p-value of the Spearman correlation; p (Holm): corrected over the "
-                        f"{tested} correlations of this table; survives: p (Holm) <= 0.05")
+        nulls = "; ".join(f"{n} runs: {spearman_null(n)}" for n in sorted({s.with_event for _, s in stats
+                                                                            if s.spearman_p is not None}))
+        notes.insert(0, f"p: two-sided permutation p-value of the Spearman correlation ({nulls}); p (Holm): corrected "
+                        f"over the {tested} correlations of this table; survives: p (Holm) <= 0.05; lead interval: the "
+                        f"order-statistic interval of the median lead with its coverage (95% or more from 6 runs; "
+                        f"below, the range of the leads)")
     return [_row(label, rules[s.precursor], s) for label, s in stats], notes, groups
 
 
@@ -120,7 +124,7 @@ def _row(label: str, rule: str, s: LeadStats) -> dict[str, str]:
     return {"configuration": label, "precursor": s.precursor, "rule": rule, "runs": str(s.runs),
             "with event": str(s.with_event), "precedes": num(s.precedes, ".2f"), "lead median": num(s.lead_median, ",.0f"),
             "lead IQR": "-" if s.lead_iqr is None else f"{s.lead_iqr[0]:,.0f} to {s.lead_iqr[1]:,.0f}",
-            "lead 95% CI": "-" if s.lead_ci is None else f"{s.lead_ci[0]:,.0f} to {s.lead_ci[1]:,.0f}",
+            "lead interval (coverage)": fmt_interval(s.lead_interval),
             "spearman": num(s.spearman, "+.2f"), "p": fmt_p(s.spearman_p), "p (Holm)": fmt_p(s.holm_p),
             "survives": "-" if s.holm_p is None else ("yes" if s.survives else "no"),
             "LOO error": num(s.loo_error, ",.0f"), "LOO mean-onset error": num(s.loo_baseline, ",.0f"),

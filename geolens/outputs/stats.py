@@ -45,16 +45,18 @@ def summarize(values: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES, see
 
 
 def onset_cell(runs: Sequence[tuple[int | None, int]]) -> str:
-    """A table cell of seeds' onsets, runs = [(onset or None, last epoch)]: 'mean ± std [95% CI] (n=k)' over the
-    seeds with an onset, and how many had none within their budget (their largest last epoch)."""
+    """A table cell of seeds' onsets, runs = [(onset or None, last epoch)]: 'mean ± std (range min-max; n=k)' over
+    the seeds with an onset, and how many had none within their budget (their largest last epoch). The range, not
+    a bootstrap interval: at 3-5 seeds a percentile bootstrap interval is about the range and has no 95% coverage."""
     onsets = [o for o, _ in runs if o is not None]
     failed = len(runs) - len(onsets)
     fail = f"; {failed} without onset (budget {max(e for o, e in runs if o is None):,})" if failed else ""
     if not onsets:
         return f"none of {len(runs)}{fail}"
     s = summarize(onsets)
-    spread = f" ± {s.std:,.0f} [{s.ci_lo:,.0f}, {s.ci_hi:,.0f}]" if s.n > 1 else ""
-    return f"{s.mean:,.0f}{spread} (n={s.n}{fail})"
+    if s.n == 1:
+        return f"{s.mean:,.0f} (n=1{fail})"
+    return f"{s.mean:,.0f} ± {s.std:,.0f} (range {s.min:,.0f}-{s.max:,.0f}; n={s.n}{fail})"
 
 
 def bootstrap_ci(values: Sequence[float], level: float = CI_LEVEL, resamples: int = BOOTSTRAP_RESAMPLES,

@@ -211,16 +211,22 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
 
 
 # ---- run directory ---------------------------------------------------------------------------
+#: what a record's commit covers besides the package's folder, relative to it: the same paths as
+#: analyses/clean_tree.sh (the experiment scripts and the build's pins)
+SOURCE_SIBLINGS = ("../analyses", "../pyproject.toml")
+
+
 def source_commit() -> str | None:
-    """The git commit of the geolens source this process runs: git_commit of the package's folder."""
-    return git_commit(Path(__file__).resolve().parents[1] / "__init__.py")
+    """The git commit of the geolens source this process runs: git_commit of the package's folder, "+dirty" also
+    when analyses/ or pyproject.toml differ from it (SOURCE_SIBLINGS)."""
+    return git_commit(Path(__file__).resolve().parents[1] / "__init__.py", SOURCE_SIBLINGS)
 
 
 @functools.cache
-def git_commit(file: Path) -> str | None:
-    """"<sha>" of the commit `file` is tracked in ("<sha>+dirty" when files of its folder differ from
-    that commit), or None when `file` is not tracked by git (e.g. an installed wheel, or a package
-    inside a git checkout's ignored virtual environment) or git is not available."""
+def git_commit(file: Path, also: tuple[str, ...] = ()) -> str | None:
+    """"<sha>" of the commit `file` is tracked in ("<sha>+dirty" when files of its folder, or the paths `also`
+    (relative to that folder), differ from that commit), or None when `file` is not tracked by git (e.g. an
+    installed wheel, or a package inside a git checkout's ignored virtual environment) or git is not available."""
 
     def git(*args: str) -> str | None:
         try:
@@ -231,7 +237,7 @@ def git_commit(file: Path) -> str | None:
 
     if git("ls-files", "--error-unmatch", file.name) is None:
         return None
-    sha, changes = git("rev-parse", "HEAD"), git("status", "--porcelain", "--", ".")
+    sha, changes = git("rev-parse", "HEAD"), git("status", "--porcelain", "--", ".", *also)
     if sha is None or changes is None:
         return None
     return sha + ("+dirty" if changes else "")
