@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from geolens.errors import GeoError
+from geolens.model.schedule import DEFAULT_KEEP
 
 NORMS = ("none", "layernorm", "rmsnorm", "sphere")
 PLACEMENTS = ("post", "pre")
@@ -68,6 +69,7 @@ class GeoConfig:
     epochs: int = 5000
     eval_every: int = 10
     checkpoints: str = "adaptive"
+    keep: str = DEFAULT_KEEP  # storage policy: which checkpoints also keep the optimizer state (model.schedule.parse_keep)
     early_stop_after: int | None = None
     schedule: list[str] = field(default_factory=list)  # lr / weight_decay / tau schedules (model.hyperschedule)
     norm_clamp: float | None = None  # hold the total parameter L2 norm at this value after every step
@@ -214,9 +216,10 @@ class GeoConfig:
             raise GeoError(f"norm_clamp = {self.norm_clamp} must be a finite number > 0 (the held total weight norm) "
                            "or none")
         from geolens.model.hyperschedule import parse_hyper_schedule
-        from geolens.model.schedule import parse_schedule
+        from geolens.model.schedule import parse_keep, parse_schedule
 
         parse_schedule(self.checkpoints)
+        parse_keep(self.keep)
         parse_hyper_schedule(self.schedule)
 
     def _check_types(self) -> None:
@@ -247,9 +250,10 @@ class GeoConfig:
 
     def sha256(self) -> str:
         """Hex SHA-256 of the config as canonical JSON (sorted keys): a run's identity in a fork's lineage.
-        Every field, except a field of HASHED_UNLESS_DEFAULT at its default: fields added later leave the
-        identities recorded before them (a fork's parent_identity) valid."""
-        d = {k: v for k, v in self.to_dict().items() if not (k in HASHED_UNLESS_DEFAULT and v == _DEFAULTS[k])}
+        Every field, except a field of HASHED_UNLESS_DEFAULT at its default (fields added later leave the
+        identities recorded before them, a fork's parent_identity, valid) and NOT_HASHED (the storage policy)."""
+        d = {k: v for k, v in self.to_dict().items()
+             if k not in NOT_HASHED and not (k in HASHED_UNLESS_DEFAULT and v == _DEFAULTS[k])}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
     @classmethod
@@ -266,6 +270,8 @@ class GeoConfig:
 
 #: fields added after fork identities were first recorded: hashed by sha256 only when not at their default
 HASHED_UNLESS_DEFAULT = ("norm_placement", "optimizer", "momentum", "muon_lr", "muon_momentum", "flush_denormal")
+#: fields that never enter the identity: how a run is stored (`geolens convert` changes it)
+NOT_HASHED = ("keep",)
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(GeoConfig) if f.name in HASHED_UNLESS_DEFAULT}
 
 

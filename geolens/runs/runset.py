@@ -20,7 +20,7 @@ from geolens.runs.run import Run
 
 #: config fields that do not make a configuration different (who, where, how long, how often recorded)
 BOOKKEEPING = ("seed", "data_seed", "preset", "engine", "device", "checkpoints", "early_stop_after", "epochs", "eval_every",
-               "flush_denormal")
+               "flush_denormal", "keep")
 #: fields a group's name and the tables' columns show; the other non-default fields are "extras"
 SHOWN = ("norm", "unembed", "weight_decay", "attention", "fourier_init", "init", "lr", "task", "p", "n_perm")
 
