@@ -72,7 +72,8 @@ def main() -> None:
         lines.append(f"| a run of {args.checkpoints} checkpoints and {args.rows} evaluations (the demo's), keep = "
                      f"`{keep}` | {size:,.0f} ({size / MB:.1f} MB, {size / MIB:.1f} MiB) |")
     commit = source_commit()
-    lines += ["", f"`python benchmarks/bench_storage.py --out {args.out}` (geolens {commit[:7] if commit else 'unknown'}; "
+    lines += ["", f"`python benchmarks/bench_storage.py --out {args.out} --checkpoints {args.checkpoints} --rows {args.rows}` "
+              f"(geolens {commit[:7] if commit else 'unknown'}; "
               f"under `{DEFAULT_KEEP}` a run shorter than 5,000 epochs keeps no optimizer state besides epoch 0's "
               "and the resume state)."]
     args.out.mkdir(parents=True, exist_ok=True)

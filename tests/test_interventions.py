@@ -293,7 +293,14 @@ def test_fork_sweep_arms(parent_sweep, tmp_path, geolens, assert_identical_runs)
 
         shutil.copytree(child, plain)
         (plain / "run.json").write_text(json.dumps(header))
-        assert_identical_runs(parent_sweep / f"seed_{s}", plain)
+        parent_dir = parent_sweep / f"seed_{s}"  # the fork stores its own epochs; the parent's before 100 are read
+        for f in (parent_dir / "checkpoints").glob("*.safetensors"):
+            if int(f.name[-19:-12]) < 100:
+                shutil.copy(f, plain / "checkpoints" / f.name)
+        if not (parent_dir / "checkpoints" / "optim_0000100.safetensors").exists():  # its start is a full state
+            (plain / "checkpoints" / "optim_0000100.safetensors").unlink()
+        (plain / "checkpoints" / "manifest.json").write_text(json.dumps(load_run(child).manifest, indent=2) + "\n")
+        assert_identical_runs(parent_dir, plain)
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -529,7 +536,7 @@ def test_a_run_written_before_schedules_existed_can_be_forked_with_one(parent, t
     import hashlib
     import shutil
 
-    from geolens.model.config import HASHED_UNLESS_DEFAULT, GeoConfig
+    from geolens.model.config import HASHED_UNLESS_DEFAULT, NOT_HASHED, GeoConfig
 
     old = tmp_path / "old"
     shutil.copytree(parent, old)
@@ -542,7 +549,7 @@ def test_a_run_written_before_schedules_existed_can_be_forked_with_one(parent, t
     assert r.returncode == 0, r.stderr
     record = json.loads((tmp_path / "arm" / "run.json").read_text())["fork"]
     full = GeoConfig.from_dict(header["config"]).to_dict()
-    for key in HASHED_UNLESS_DEFAULT:  # hashed only off their defaults
+    for key in (*HASHED_UNLESS_DEFAULT, *NOT_HASHED):  # hashed only off their defaults; the storage policy never
         full.pop(key)
     assert record["parent_identity"]["config_sha256"] == hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()
     assert record["changes"]["schedule"] == {"from": [], "to": ["weight_decay=2@100:110"]}

@@ -199,3 +199,28 @@ def test_the_readmes_step_commands_work_on_a_default_trained_run(tmp_path, geole
     fork_line = next(c for c in runs if c[1] == "fork")
     out = fork_line[fork_line.index("--out") + 1]
     assert Run(out).header["fork"]["step"] == 3000 and 3000 in Run(out).steps
+
+
+def test_run_format_embeds_the_measured_sizes():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("embed", REPO / "analyses" / "reproduction" / "embed_tables.py")
+    embed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(embed)
+    text = (REPO / "docs" / "run-format.md").read_text()
+    refreshed, count = embed.embed(text)
+    assert count == 1 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/run-format.md
+
+
+def test_analysis_commands_name_the_checkpoint_they_use_or_replay_exactly(parent, tmp_path, geolens):
+    r = geolens("probe", "--run", parent, "--step", "130")
+    assert r.returncode == 0, r.stderr
+    assert "has no checkpoint at epoch 130; using the nearest, epoch 150" in " ".join(r.stderr.split())
+    r = geolens("probe", "--run", parent, "--step", "130", "--exact")
+    assert r.returncode == 0 and "no checkpoint" not in r.stderr and "epoch 130" in r.stdout
+    from geolens.training.replay import model_at_epoch
+    exact = model_at_epoch(Run(parent), 130).state_dict()
+    assert same(exact, state_at(Run(parent), 130).weights) and not same(exact, load_tensors(RunDir(parent).ckpt_path(150)))
+    r = geolens("export", "--run", parent, "--out", tmp_path / "ship", "--steps", "60")
+    assert r.returncode == 0 and "using the nearest, epoch 50" in " ".join(r.stderr.split())
+    assert Run(tmp_path / "ship").steps == [0, 50, 200]

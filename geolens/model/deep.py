@@ -60,7 +60,7 @@ DEEP_VALUE_FIELDS = frozenset({"n_layers", "d_model", "n_heads", "d_head", "d_ml
 DEEP_IGNORED_FIELDS = frozenset({"frac_train", "data_seed", "fourier_init", "init", "seed", "lr", "beta1", "beta2",
                                  "weight_decay", "optimizer", "momentum", "muon_lr", "muon_momentum", "epochs",
                                  "eval_every", "checkpoints", "early_stop_after", "engine",
-                                 "device", "preset", "schedule", "norm_clamp", "flush_denormal"})
+                                 "device", "preset", "schedule", "norm_clamp", "flush_denormal", "keep"})
 
 
 MLP_WEIGHTS = ("W_in", "b_in", "W_out", "b_out")

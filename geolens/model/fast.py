@@ -108,7 +108,7 @@ FAST_IGNORED_FIELDS = frozenset({"task", "p", "n_perm", "frac_train", "data_seed
                                  "lr", "beta1", "beta2", "weight_decay", "optimizer", "momentum", "muon_lr",
                                  "muon_momentum", "epochs", "eval_every", "checkpoints",
                                  "early_stop_after", "engine", "device", "preset", "schedule",
-                                 "norm_clamp", "flush_denormal"})
+                                 "norm_clamp", "flush_denormal", "keep"})
 _CHOICES = (("norm", FAST_NORMS), ("unembed", FAST_READOUTS), ("attention", FAST_ATTENTIONS),
             ("norm_placement", FAST_PLACEMENTS))
 

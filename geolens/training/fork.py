@@ -29,13 +29,13 @@ from geolens.model.transformer import GeoTransformer
 from geolens.runs.events import onset_events
 from geolens.runs.run import Run
 from geolens.runs.runlock import NewRunClaim
-from geolens.runs.storage import BackgroundWriter, RunDir, file_sha256, read_metrics
+from geolens.runs.storage import BackgroundWriter, RunDir, file_sha256, load_tensors, read_metrics
 from geolens.training.controls import Controls
 from geolens.model.engines import Engine
 from geolens.training.engine import make_optimizer, select_forward, training_device
 from geolens.training.optimizers import check_muon_rate
 from geolens.training.recording import load_optimizer_tensors, optimizer_tensors, run_header, write_checkpoint
-from geolens.training.replay import last_epoch, state_at
+from geolens.training.replay import TrainingState, last_epoch, state_at
 from geolens.training.train import SingleStep, TrainResult, resume
 
 #: fields a fork cannot change, and why
@@ -141,7 +141,10 @@ def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict |
     switched = pcfg.optimizer != cfg.optimizer  # never one optimizer's state in another: the new one starts fresh
     if not switched:
         check_muon_rate(prun.header, prun.path)
-    state = state_at(prun, step, progress)
+    if switched and step in prun.steps:  # the weights are all it takes: no replay (e.g. a trimmed export)
+        state = TrainingState(step, pcfg, load_tensors(prun.checkpoint_file(step)), {}, step)
+    else:
+        state = state_at(prun, step, progress)
     rows = [r for r in read_metrics(prun.dir.metrics_csv) if r["epoch"] <= step]
     if not rows or rows[-1]["epoch"] < step - pcfg.eval_every:
         raise GeoError(f"{prun.dir.metrics_csv} has no row near epoch {step}; `geolens info --run {prun.path}` says "

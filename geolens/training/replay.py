@@ -5,7 +5,8 @@ config `keep`: model.schedule.KeepPolicy) and in its resume state. `full_states(
 epochs whose whole training state is on disk; `state_at(run, epoch)` returns the state at any epoch
 of the trajectory: stored, or trained on from the nearest earlier full state with the run's own loop
 (each epoch: the schedule, the training forward and backward, the optimizer step, the norm clamp:
-training.train.run_epochs without the records), on the thread count the run was trained with.
+training.train.run_epochs without the records; a sweep member's in a stack of two, as it trained), on
+the thread count the run was trained with.
 A replay is exact only in the run's float order: it refuses in one line where the recorded machine
 (the CPU's vector instruction set, the GPU) differs, and it checks the replayed weights bit for bit
 against the first stored checkpoint after the state it started from (training on to it when the epoch
@@ -31,6 +32,7 @@ from geolens.model.transformer import GeoTransformer
 from geolens.runs.run import Run
 from geolens.runs.runlock import RunLock
 from geolens.runs.storage import RunDir, load_tensors, machine, save_tensors
+from geolens.training.batched import StackedForward, StackedStep
 from geolens.training.controls import Controls
 from geolens.training.engine import denormals_flushed, select_forward, training_device
 from geolens.training.progress_bar import EpochProgress
@@ -146,9 +148,16 @@ def replay(run: Run, start: int, stop: int, visit: Callable[[int, torch.nn.Modul
     with torch_threads(threads):
         torch.manual_seed(cfg.seed)
         data = make_dataset(cfg)
-        engine, forward, _ = select_forward(model)
-        single = SingleStep(model, opt, engine, forward, *(t.to(dev) for t in (*data.train, *data.test)))
-        controls = Controls(cfg, model, opt)
+        train_x, train_y, test_x, test_y = (t.to(dev) for t in (*data.train, *data.test))
+        if str(run.header.get("engine", "")).startswith("batched"):  # a sweep member: its float order is a stack's
+            twin = from_resume_state(cfg, {**{f"model.{k}": v for k, v in weights.items()}, **opt_state}, dev)
+            models, opts = [model, twin[0]], [opt, twin[1]]  # any stack of two or more gives a member the same bits
+            single = StackedStep(StackedForward(models), models, opts, 1, [train_x] * 2, torch.stack([train_y] * 2),
+                                 [test_x] * 2, torch.stack([test_y] * 2))
+        else:
+            engine, forward, _ = select_forward(model)
+            single = SingleStep(model, opt, engine, forward, train_x, train_y, test_x, test_y)
+        controls = Controls(cfg, model, opt)  # as in run_epochs: the recorded member's schedule and clamp only
         with denormals_flushed(cfg.flush_denormal), EpochProgress(stop, start, progress, f"replay {run.path.name}") as bar:
             for epoch in range(start, stop + 1):
                 visit(epoch, model, opt)
