@@ -1,4 +1,4 @@
-"""The `geolens` command line: train, fork, sweep, info, repair, export, analyze, explore, probe, table, figures,
+"""The `geolens` command line: train, fork, sweep, info, repair, convert, export, analyze, explore, probe, table, figures,
 precursors, noise-floor."""
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ Schedules = Annotated[list[str], typer.Option("--schedule", help="lr, weight_dec
                                               "weight_decay=3.0@2000:2200 (epochs [2000, 2200)); lr=warmup:500 "
                                               "(repeatable; docs/cli.md).")]
 Quiet = Annotated[bool, typer.Option(help="No progress bar.")]
+Exact = Annotated[bool, typer.Option("--exact", help="At an epoch without a checkpoint, the model at exactly that epoch, "
+                                     "replayed from the nearest earlier full state (bit for bit as trained, or refused).")]
 # a sweep's list options: each may be repeated, and its repeats combine as one comma list (--lr 1e-3 --lr 6e-4
 # is --lr 1e-3,6e-4); any other option given twice is refused (_repeated_option)
 Multi = Optional[list[str]]
@@ -168,7 +170,7 @@ def sweep(
     schedule: Schedules = [],
     fork_from: Optional[Path] = typer.Option(None, help="Fork sweep: the parent run, or a sweep folder (each run in it "
                                              "a parent); arms in OUT/[<parent>/]step<K>/<change> (docs/cli.md)."),
-    steps: Multi = typer.Option(None, help="Fork sweep: the parents' checkpointed epochs to fork at, comma-separated."),
+    steps: Multi = typer.Option(None, help="Fork sweep: the parents' epochs to fork at (any of their trajectories), comma-separated."),
     layout: Optional[str] = typer.Option(None, help="auto (default): flat for one configuration, else nested; or nested, flat."),
     backend: str = typer.Option("local", help="local (worker processes) or ray."),
     workers: Optional[int] = typer.Option(None, help="Jobs at once (local default 1; ray default: the cluster's CPUs / --threads)."),
@@ -209,7 +211,8 @@ def sweep(
 @app.command()
 def fork(
     run: Path = typer.Option(..., help="Parent run directory (only read)."),
-    step: int = typer.Option(..., help="Checkpointed epoch to fork at (its weights and AdamW state)."),
+    step: int = typer.Option(..., help="Epoch to fork at: any epoch of the parent's trajectory (its stored state, "
+                             "or replayed from the nearest earlier full state: docs/run-format.md)."),
     out: Path = typer.Option(..., help="New run directory for the fork (refused if it exists, unless --force)."),
     epochs: Epochs = None,
     set_: Sets = [],
@@ -217,8 +220,9 @@ def fork(
     force: bool = typer.Option(False, help="Replace an existing run in --out."),
     quiet: Quiet = False,
 ) -> None:
-    """Fork a run at a checkpoint into a new run with changed settings (optimizer, readout, attention, norm,
-    schedules, norm clamp) and train it on; with no change it continues exactly as the parent did."""
+    """Fork a run at any epoch into a new run with changed settings (optimizer, readout, attention, norm,
+    schedules, norm clamp) and train it on; with no change it is a replay: it reproduces the parent's later
+    checkpoints bit for bit (a determinism check)."""
     changes = _overrides(set_, epochs=epochs)
     from geolens.training.fork import fork as fork_run
 
@@ -248,7 +252,7 @@ def demo(
         training.train(cfg, out, progress=not quiet)
     else:
         header = run_dir.read_header()
-        if header["config"] != cfg.to_dict():
+        if {**header["config"], "keep": cfg.keep} != cfg.to_dict():  # the storage policy is not the run's identity
             raise GeoError(f"{out} holds a different run; choose another --out for the demo")
         if header.get("status") != "finished":
             training.resume(out, progress=not quiet)
@@ -266,6 +270,8 @@ def info(
     run: Path = typer.Option(..., help="Run directory."),
     forecast: Optional[Path] = typer.Option(None, help="Forecast file: replay its rule for this run's configuration on "
                                             "the record (default: the rule the run was trained with, if any)."),
+    checkpoints: bool = typer.Option(False, "--checkpoints", help="List every checkpoint: epoch, train and test "
+                                     "accuracy, and where a fork there starts from (its stored state or a replay)."),
 ) -> None:
     """Summarise a run: config, progress, onset events and forecast, checkpoints, and any damage (exit 1 if damaged)."""
     from geolens.runs.integrity import problems
@@ -274,8 +280,31 @@ def info(
     damage = problems(RunDir(run))
     rule = None if forecast is None else _forecast_rule(forecast, _run_config(run, {}))
     _print_summary(run, damage, rule)
+    if checkpoints:
+        _print_checkpoints(run)
     if damage:
         sys.exit(1)
+
+
+def _print_checkpoints(path: Path) -> None:
+    """The checkpoint table of `geolens info --checkpoints`."""
+    from geolens.runs.run import load_run
+    from geolens.training.replay import full_states, owner
+
+    r = load_run(path)
+    table = Table(title=f"checkpoints of {path}")
+    for column in ("epoch", "train acc", "test acc", "optimizer state"):
+        table.add_column(column, justify="right" if column != "optimizer state" else "left")
+    full: dict[Path, list[int]] = {}
+    for entry in r.manifest:
+        home = owner(r, entry["step"])
+        states = full.setdefault(home.path, full_states(home))
+        before = [s for s in states if s <= entry["step"]]
+        where = "" if home.path == r.path else f" (in {home.path})"
+        state = ("stored" if before and before[-1] == entry["step"] else
+                 f"replayed from epoch {before[-1]}" if before else "none (weights only)") + where
+        table.add_row(str(entry["step"]), f"{entry['train_acc']:.4f}", f"{entry['test_acc']:.4f}", state)
+    console.print(table)
 
 
 @app.command()
@@ -293,18 +322,36 @@ def repair(run: Path = typer.Option(..., help="Run directory.")) -> None:
 
 
 @app.command()
+def convert(
+    run: Path = typer.Option(..., help="Run directory to convert in place."),
+    keep: str = typer.Option(..., help="Storage policy: all (the optimizer state at every checkpoint) or sparse:N "
+                             "(at the first checkpoint of every N epochs; the default for new runs: sparse:5000)."),
+    quiet: Quiet = False,
+) -> None:
+    """Store a run under another storage policy without losing exactness: a replay checks every optimizer state it
+    drops (and every checkpoint's weights) bit for bit, and computes those it adds; run.json records the policy."""
+    from geolens.model.schedule import parse_keep
+    from geolens.training.replay import convert_storage
+
+    parse_keep(keep)
+    for line in convert_storage(run, keep, progress=not quiet):
+        console.print(line)
+
+
+@app.command()
 def export(
     run: Path = typer.Option(..., help="Finished run directory to copy from."),
     out: Path = typer.Option(..., help="New folder for the trimmed copy (refused if it exists)."),
-    steps: str = typer.Option(..., help="Comma-separated checkpointed epochs to keep (epoch 0 and the last "
-                              "checkpoint are always kept)."),
+    steps: str = typer.Option(..., help="Comma-separated epochs to keep, each as its nearest checkpoint (epoch 0 "
+                              "and the last checkpoint are always kept)."),
 ) -> None:
     """Write a trimmed copy of a run for shipping: run.json, metrics.csv, events.json and the chosen
     checkpoints; no resume state (analysis only)."""
     from geolens.runs.export import export_run
     from geolens.runs.run import load_run
 
-    done = load_run(export_run(run, out, _ints(steps, "--steps")))
+    src = load_run(run)
+    done = load_run(export_run(run, out, [_checkpoint(src, s) for s in _ints(steps, "--steps") or []]))
     size = sum(f.stat().st_size for f in done.path.rglob("*") if f.is_file())
     console.print(f"exported {len(done.steps)} checkpoints (epochs {', '.join(map(str, done.steps))}) to {out}, "
                   f"{size / 1e6:.1f} MB; analyse it with `geolens analyze --run {out}`")
@@ -314,7 +361,8 @@ def export(
 def analyze(
     run: Path = typer.Option(..., help="Run directory."),
     metrics: Optional[str] = typer.Option(None, help="Comma-separated metric names (default: all)."),
-    steps: Optional[str] = typer.Option(None, help="Comma-separated epochs (nearest checkpoints; default: all)."),
+    steps: Optional[str] = typer.Option(None, help="Comma-separated epochs, each as its nearest checkpoint (a line "
+                                        "says which; default: every checkpoint)."),
     at: Optional[str] = typer.Option(None, help="Epochs for the per-step figures (default: onset and final)."),
     static: str = typer.Option("png,svg", help="Static figure formats: png, pdf, svg, comma-separated ('' for none)."),
     keys: str = typer.Option("final", help="Key frequencies of fve_paper, restricted/excluded loss, embed_circles: "
@@ -347,7 +395,9 @@ def analyze(
     except ValueError:
         raise GeoError(f"--keys '{keys}' must be final, each or comma-separated frequencies, e.g. --keys 4,32") from None
     settings = LLCSettings.parse(llc)
-    traj = analyze_run(r, _names(metrics), _ints(steps, "--steps"), progress=not quiet, keys=key_choice,
+    wanted = _ints(steps, "--steps")
+    wanted = None if wanted is None else [_checkpoint(r, s) for s in wanted]
+    traj = analyze_run(r, _names(metrics), wanted, progress=not quiet, keys=key_choice,
                        workers=workers, out=out, llc=settings)
     report = write_report(traj, _ints(at, "--at"), formats)
     console.print(f"{len(traj.steps)} checkpoints, {traj.computed} metric evaluations computed "
@@ -384,14 +434,18 @@ def explore(
 @app.command()
 def probe(
     run: Path = typer.Option(..., help="Run directory."),
-    step: int = typer.Option(..., help="Training epoch (the nearest checkpoint is used)."),
+    step: int = typer.Option(..., help="Any epoch of the trajectory: its nearest checkpoint (a line says which), or "
+                             "with --exact the model at that epoch."),
+    exact: Exact = False,
 ) -> None:
     """Print the circuit at one step: key frequencies, FVE, Clock/Pizza verdict, top heads and neurons."""
     from geolens.analysis.probe import describe, probe_run
     from geolens.runs.run import load_run
 
+    r = load_run(run)
     table = Table(show_header=False, title=f"{run} @ {step}")
-    for label, text in describe(probe_run(load_run(run), step)):
+    model = _model_at(r, step) if exact else None
+    for label, text in describe(probe_run(r, step if exact else _checkpoint(r, step), model)):
         table.add_row(label, text)
     console.print(table)
 
@@ -399,9 +453,11 @@ def probe(
 @app.command()
 def barrier(
     run: list[Path] = typer.Option(..., help="Run directory, twice: --run A --step K --run B --step L (B may be A)."),
-    step: list[int] = typer.Option(..., help="Checkpointed epoch of each --run, in the same order."),
+    step: list[int] = typer.Option(..., help="Epoch of each --run, in the same order: any epoch of its trajectory, "
+                                   "as its nearest checkpoint (a line says which), or exactly with --exact."),
     points: int = typer.Option(21, help="Points on the line, alpha = 0 .. 1."),
     out: Optional[Path] = typer.Option(None, help="Folder for barrier.json, .csv, .png, .svg (default: A/analysis/barriers)."),
+    exact: Exact = False,
 ) -> None:
     """Train and test loss along the straight line between two checkpoints, and the barrier height over the chord."""
     from geolens.analysis.barrier import loss_barrier
@@ -414,12 +470,9 @@ def barrier(
     if points < 2:
         raise GeoError(f"--points {points}: the line needs at least its two end points")
     runs = [load_run(r) for r in run]
-    for r, s in zip(runs, step):
-        if s not in r.steps:
-            raise GeoError(f"{r.path} has no checkpoint at epoch {s}; its checkpoints run {r.steps[0]}..{r.steps[-1]} "
-                           f"(`geolens info --run {r.path}` lists them)")
+    step = step if exact else [_checkpoint(r, s) for r, s in zip(runs, step)]
     labels = tuple(f"{r.path.name}@{s}" for r, s in zip(runs, step))
-    b = loss_barrier(runs[0].model_at(step[0]), runs[1].model_at(step[1]), points, labels)
+    b = loss_barrier(*(_model_at(r, s) for r, s in zip(runs, step)), points, labels)
     folder = out or runs[0].path / "analysis" / "barriers"
     stem = f"barrier_{step[0]}_{runs[1].path.name}_{step[1]}"
     paths = write_barrier(b, folder, stem)
@@ -431,7 +484,8 @@ def barrier(
 @app.command("llc-calibrate")
 def llc_calibrate(
     run: Path = typer.Option(..., help="Run directory."),
-    step: int = typer.Option(..., help="Checkpointed epoch to sample around."),
+    step: int = typer.Option(..., help="Epoch to sample around: any epoch of the trajectory, as its nearest "
+                             "checkpoint (a line says which), or exactly with --exact."),
     lrs: str = typer.Option("1e-7,1e-6,1e-5", "--lr", help="Comma-separated SGLD step sizes."),
     n_betas: str = typer.Option("10,30,100", "--n-beta", help="Comma-separated inverse temperatures n * beta."),
     localization: Optional[float] = typer.Option(None, help="Localisation strength (default: DEFAULT_LLC's)."),
@@ -441,6 +495,7 @@ def llc_calibrate(
                                 "preconditioned SGLD; the drift column assumes plain SGLD)."),
     out: Optional[Path] = typer.Option(None, help="Folder for llc_calibration.md, .csv, .png, .svg "
                                        "(default: RUN/analysis/llc_calibration_STEP)."),
+    exact: Exact = False,
 ) -> None:
     """Sweep the LLC sampler's step size x n_beta at one checkpoint: estimates, loss traces, which are stable, and the
     one setting to use (llc.recommend's rule)."""
@@ -452,9 +507,7 @@ def llc_calibrate(
 
     grid = [[_positive(v, flag) for v in text.split(",") if v.strip()] for text, flag in ((lrs, "--lr"), (n_betas, "--n-beta"))]
     r = load_run(run)
-    if step not in r.steps:
-        raise GeoError(f"{r.path} has no checkpoint at epoch {step}; its checkpoints run {r.steps[0]}..{r.steps[-1]} "
-                       f"(`geolens info --run {r.path}` lists them)")
+    step = step if exact else _checkpoint(r, step)
     base = DEFAULT_LLC
     if localization is not None:
         base = replace(base, localization=_positive(str(localization), "--localization"))
@@ -464,12 +517,29 @@ def llc_calibrate(
         raise GeoError(f"--burnin {burnin} must be >= 0 (SGLD steps per chain before the draws)")
     base = replace(base, sampler=sampler, burnin=burnin)
     x, y = r.dataset.train
-    rows, curvature = calibrate(r.model_at(step), x, y, grid[0], grid[1], base)
+    rows, curvature = calibrate(_model_at(r, step), x, y, grid[0], grid[1], base)
     picked = recommend(rows, len(x))
     label = f"{r.path} at epoch {step}"
     paths = write_calibration(rows, base, label, curvature, picked, out or r.path / "analysis" / f"llc_calibration_{step}")
     console.print(calibration_table(rows, base, label, curvature, picked), markup=False, highlight=False, soft_wrap=True)
     console.print(f"wrote {', '.join(str(p) for p in paths)}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _checkpoint(r, step: int) -> int:
+    """The checkpoint a command uses for epoch `step` of run r: that epoch's, else the nearest, said in one line
+    (an epoch outside the trajectory is refused)."""
+    nearest = r.nearest_step(step)
+    if nearest != step:
+        err.print(f"note: {r.path} has no checkpoint at epoch {step}; using the nearest, epoch {nearest} "
+                  "(`geolens info --checkpoints` lists them; --exact replays to the epoch where a command has it)")
+    return nearest
+
+
+def _model_at(r, step: int):
+    """The model of run r at any epoch of its trajectory: its checkpoint, or replayed there (training.replay)."""
+    from geolens.training.replay import model_at_epoch
+
+    return model_at_epoch(r, step, progress=True)
 
 
 def _positive(text: str, flag: str) -> float:

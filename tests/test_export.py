@@ -72,7 +72,7 @@ def test_a_trimmed_run_is_still_checked(source, tmp_path, geolens):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--steps", "25"], "epoch(s) [25] are not checkpoints"),
+    (["--steps", "9999"], "epoch 9999 is outside the trajectory"),
     (["--steps", "20", "--out", "EXISTING"], "already exists"),
 ])
 def test_export_refuses_bad_input_in_one_line(source, tmp_path, geolens, args, needle):

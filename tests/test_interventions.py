@@ -22,7 +22,7 @@ from geolens.training.fork import fork, prepare_fork
 from geolens.training.train import resume, train
 
 SMALL = dict(task="add", p=23, d_model=32, d_head=8, d_mlp=64, frac_train=0.5, eval_every=10, checkpoints="every:50",
-             epochs=200, seed=1, data_seed=1)
+             epochs=200, seed=1, data_seed=1, keep="all")  # forks at stored states (replays: test_storage_policy.py)
 LN_PARAMS = {"embed_norm.w", "embed_norm.b", "blocks.0.attn_norm.w", "blocks.0.attn_norm.b", "blocks.0.mlp_norm.w",
              "blocks.0.mlp_norm.b"}
 
@@ -60,7 +60,7 @@ def test_plain_fork_equals_the_parent_bit_for_bit(parent, tmp_path):
     fork(parent, 100, tmp_path / "child", progress=False)
     run, child = RunDir(parent), RunDir(tmp_path / "child")
     for step in (0, 50, 100, 150, 200):
-        a, b = run.load_checkpoint(step), child.load_checkpoint(step)
+        a, b = load_tensors(load_run(parent).checkpoint_file(step)), load_tensors(load_run(child.path).checkpoint_file(step))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), step
     assert rows_without_time(parent) == rows_without_time(tmp_path / "child")
     header = child.read_header()
@@ -79,17 +79,19 @@ def test_fork_of_a_fork_and_its_lineage(parent, tmp_path, geolens):
     b = load_run(tmp_path / "b")
     assert (b.config.lr, b.config.weight_decay) == (2e-3, 0.5)
     fork_record = b.header["fork"]
-    assert fork_record["changes"] == {"weight_decay": {"from": 1.0, "to": 0.5}}
-    assert fork_record["parent_fork"]["changes"] == {"lr": {"from": 6e-4, "to": 2e-3}}
+    assert fork_record["changes"] == {"weight_decay": {"from": 1.0, "to": 0.5},  # the preset names what it became
+                                      "preset": {"from": "ln>@100:lr=0.002", "to": "ln>@100:lr=0.002>@150:weight_decay=0.5"}}
+    assert fork_record["parent_fork"]["changes"] == {"lr": {"from": 6e-4, "to": 2e-3},
+                                                     "preset": {"from": "ln", "to": "ln>@100:lr=0.002"}}
     assert b.config_at(120).lr == 2e-3 and b.config_at(120).weight_decay == 1.0 and b.config_at(50).lr == 6e-4
     # before the first fork it is the grandparent's trajectory
-    assert torch.equal(RunDir(parent).load_checkpoint(50)["embed.W_E"], b.dir.load_checkpoint(50)["embed.W_E"])
+    assert torch.equal(RunDir(parent).load_checkpoint(50)["embed.W_E"], load_tensors(b.checkpoint_file(50))["embed.W_E"])
     info = geolens("info", "--run", tmp_path / "b")
     assert "at epoch 150 (weight_decay 1.0 -> 0.5)" in info.stdout and "at epoch 100 (lr 0.0006 -> 0.002)" in info.stdout
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--step", "120"], "no checkpoint at epoch 120; the nearest are 100 and 150"),
+    (["--step", "250"], "--step 250 is outside the trajectory of"),
     (["--step", "100", "--set", "d_mlp=128"], "cannot change 'd_mlp': it changes parameter shapes"),
     (["--step", "100", "--set", "p=29"], "cannot change 'p'"),
     (["--step", "100", "--set", "task=mul"], "cannot change 'task'"),
@@ -113,15 +115,19 @@ def test_fork_into_the_parent_is_refused(parent, geolens):
     assert digest(parent) == before
 
 
-def test_a_step_without_optimizer_state_is_refused(parent, tmp_path):
+def test_a_run_without_optimizer_states_forks_by_replay_from_epoch_0(parent, tmp_path):
+    """A run written before geolens kept optimizer states (only the resume state's) forks at any epoch:
+    replayed from epoch 0, bit for bit (the fork's state at 100 is the parent's, AdamW moments included)."""
     old = tmp_path / "old"
     old.mkdir()
     for f in parent.rglob("*"):
         if f.is_file() and not f.name.startswith((".", "optim_")):
             (old / f.relative_to(parent)).parent.mkdir(parents=True, exist_ok=True)
             (old / f.relative_to(parent)).write_bytes(f.read_bytes())
-    with pytest.raises(GeoError, match="checkpoint 100 of .* has no optimizer state.*fork at epoch 0, 200"):
-        prepare_fork(old, 100, tmp_path / "x")
+    prepare_fork(old, 100, tmp_path / "x")
+    assert RunDir(tmp_path / "x").read_header()["fork"]["mapping"]["replayed_from"] == 0
+    a, b = load_tensors(RunDir(parent).optim_path(100)), load_tensors(RunDir(tmp_path / "x").optim_path(100))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_norm_switch_mapping(parent, tmp_path):
@@ -289,15 +295,22 @@ def test_fork_sweep_arms(parent_sweep, tmp_path, geolens, assert_identical_runs)
 
         shutil.copytree(child, plain)
         (plain / "run.json").write_text(json.dumps(header))
-        assert_identical_runs(parent_sweep / f"seed_{s}", plain)
+        parent_dir = parent_sweep / f"seed_{s}"  # the fork stores its own epochs; the parent's before 100 are read
+        for f in (parent_dir / "checkpoints").glob("*.safetensors"):
+            if int(f.name[-19:-12]) < 100:
+                shutil.copy(f, plain / "checkpoints" / f.name)
+        if not (parent_dir / "checkpoints" / "optim_0000100.safetensors").exists():  # its start is a full state
+            (plain / "checkpoints" / "optim_0000100.safetensors").unlink()
+        (plain / "checkpoints" / "manifest.json").write_text(json.dumps(load_run(child).manifest, indent=2) + "\n")
+        assert_identical_runs(parent_dir, plain)
 
 
 @pytest.mark.parametrize("args, needle", [
     (["--steps", "50", "--preset", "fb"], "drop --preset "),
-    (["--steps", "60"], "no checkpoint at epoch 60"),
+    (["--steps", "9999"], "--step 9999 is outside the trajectory of"),
     (["--steps", "50", "--set", "d_mlp=32"], "cannot change 'd_mlp'"),
     (["--steps", "50", "--set", "lr=1e-3,1e-3"], "names 0.001 twice"),
-    (["--steps", "250"], "not after its start 250"),
+    (["--steps", "200"], "not after its start 200"),
     (["--steps", "50", "--seeds", "7"], "selects none of the runs"),
     (["--steps", "50", "--grid", "g.toml"], "--grid and --fork-from do not combine"),
     (["--steps", "50", "--lr", "1e-3"], "drop --lr"),
@@ -451,7 +464,8 @@ def test_a_fork_before_its_parents_fork_step_starts_from_what_held_there(parent,
     assert again.header["fork"]["parent_fork"]["step"] == 100
     prepare_fork(tmp_path / "sphere", 50, tmp_path / "rms", {"norm": "rmsnorm"})
     rms = load_run(tmp_path / "rms")
-    assert rms.header["fork"]["changes"] == {"norm": {"from": "layernorm", "to": "rmsnorm"}}
+    assert rms.header["fork"]["changes"] == {"norm": {"from": "layernorm", "to": "rmsnorm"},
+                                             "preset": {"from": "ln", "to": "ln>@50:norm=rmsnorm"}}
     assert set(rms.header["fork"]["mapping"]["dropped"]) == {k for k in LN_PARAMS if k.endswith(".b")}
 
 
@@ -541,7 +555,7 @@ def test_a_run_written_before_schedules_existed_can_be_forked_with_one(parent, t
     import hashlib
     import shutil
 
-    from geolens.model.config import HASHED_UNLESS_DEFAULT, GeoConfig
+    from geolens.model.config import HASHED_UNLESS_DEFAULT, NOT_HASHED, GeoConfig
 
     old = tmp_path / "old"
     shutil.copytree(parent, old)
@@ -554,7 +568,7 @@ def test_a_run_written_before_schedules_existed_can_be_forked_with_one(parent, t
     assert r.returncode == 0, r.stderr
     record = json.loads((tmp_path / "arm" / "run.json").read_text())["fork"]
     full = GeoConfig.from_dict(header["config"]).to_dict()
-    for key in HASHED_UNLESS_DEFAULT:  # hashed only off their defaults
+    for key in (*HASHED_UNLESS_DEFAULT, *NOT_HASHED):  # hashed only off their defaults; the storage policy never
         full.pop(key)
     assert record["parent_identity"]["config_sha256"] == hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()
     assert record["changes"]["schedule"] == {"from": [], "to": ["weight_decay=2@100:110"]}

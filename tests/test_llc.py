@@ -271,8 +271,8 @@ def test_llc_calibrate_writes_its_table_and_refuses_bad_input(tmp_path, geolens)
     assert r.returncode == 2 and "--lr 'fast' is not a number" in r.stderr
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--sampler", "hmc")
     assert r.returncode == 2 and "LLC sampler 'hmc' is not known" in r.stderr
-    r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 15)
-    assert r.returncode == 2 and "no checkpoint at epoch 15" in r.stderr
+    r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 25)  # any epoch of the trajectory is taken
+    assert r.returncode == 2 and "epoch 25 is outside the trajectory" in r.stderr
 
 
 def test_analyze_takes_llc_settings_keys_the_cache_by_them_and_keeps_them_in_the_table(tmp_path, geolens):

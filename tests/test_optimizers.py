@@ -162,12 +162,14 @@ def test_a_muon_run_from_before_the_rate_fix_is_refused_on_resume(tmp_path):
 
 def test_a_trimmed_run_forks_into_another_optimizer(tmp_path):
     """A shipped (trimmed) trajectory keeps no optimizer state; a fork that switches the optimizer discards it
-    anyway, so it is allowed; one that keeps the optimizer is still refused."""
+    anyway, so it starts from the checkpoint's weights; one that keeps the optimizer replays from epoch 0
+    (exact on the machine that trained it: training.replay)."""
     from geolens.runs.export import export_run
     cfg = make_config("ln", epochs=20, eval_every=5, checkpoints="every:10", seed=1, **SMALL)
     training.train(cfg, tmp_path / "parent", progress=False)
     export_run(tmp_path / "parent", tmp_path / "shipped", [0, 10, 20])
     fork(tmp_path / "shipped", 10, tmp_path / "arm", {"optimizer": "sgd"}, progress=False)
     assert load_run(tmp_path / "arm").header["fork"]["mapping"]["optimizer"]["to"] == "sgd"
-    with pytest.raises(Exception, match="no optimizer state"):
-        fork(tmp_path / "shipped", 10, tmp_path / "arm2", {"weight_decay": 0.5}, progress=False)
+    assert "replayed_from" not in load_run(tmp_path / "arm").header["fork"]["mapping"]
+    fork(tmp_path / "shipped", 10, tmp_path / "arm2", {"weight_decay": 0.5}, progress=False)
+    assert load_run(tmp_path / "arm2").header["fork"]["mapping"]["replayed_from"] == 0

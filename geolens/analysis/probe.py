@@ -111,14 +111,15 @@ class Probe:
         return [(int(i), float(self.dla.neurons[i])) for i in idx]
 
 
-def probe_run(run, step: int) -> Probe:
-    """Probe of `run` (a geolens.runs.run.Run) at its checkpoint nearest `step`: metrics and DLA from one
-    AnalysisContext (one forward over every input); the full cache on first access of .cache."""
+def probe_run(run, step: int, model=None) -> Probe:
+    """Probe of `run` (a geolens.runs.run.Run) at its checkpoint nearest `step`, or of `model`, the run's model
+    at exactly epoch `step` (geolens.training.replay.model_at_epoch): metrics and DLA from one AnalysisContext
+    (one forward over every input); the full cache on first access of .cache."""
     from geolens.analysis import AnalysisContext, compute_metrics
     from geolens.analysis.registry import topology_reason
 
-    nearest = run.nearest_step(step)
-    model = run.model_at(nearest)
+    nearest = step if model is not None else run.nearest_step(step)
+    model = model if model is not None else run.model_at(nearest)
     reason = topology_reason("dla", model.cfg)
     if reason is not None:
         raise GeoError(f"probe reads the circuit of [a, b, =] models; {run.path}: {reason}; use geolens "

@@ -39,7 +39,7 @@ class AnalysisRun(Run):
 
     def fork(self, step: int, out: str | Path, epochs: int | None = None, schedule: list[str] | None = None,
              force: bool = False, progress: bool = False, **changes) -> "AnalysisRun":
-        """Fork this run at checkpoint `step` into a new run `out` with config `changes` (e.g.
+        """Fork this run at epoch `step` (any of its trajectory) into a new run `out` with config `changes` (e.g.
         norm='sphere', weight_decay=0.0, norm_clamp=40.0), trained to `epochs` (default this run's);
         schedule entries are added to this run's schedule at the step, windows may be relative to it
         ('weight_decay=3@+0:+200'). Without changes the fork continues exactly as this run did

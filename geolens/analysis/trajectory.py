@@ -257,7 +257,7 @@ def cached_metrics(run: Run, step: int, names: list[str]) -> dict[str, dict[str,
     from geolens.analysis import METRICS, metric_versions
     from geolens.analysis.registry import same_definition
 
-    entries = _read_cache([run.path / ANALYSIS_DIR], step, _sha256(run.dir.ckpt_path(step)))
+    entries = _read_cache([run.path / ANALYSIS_DIR], step, _sha256(run.checkpoint_file(step)))
     versions = metric_versions()
     return {n: entries[n]["values"] for n in names
             if "values" in entries.get(n, {}) and same_definition(n, entries[n].get("version"), versions[n])
@@ -307,7 +307,7 @@ def analyze_run(
 
     sources = list(dict.fromkeys([folder, run.path / ANALYSIS_DIR]))
     listed = run.steps  # read once: a run still training adds checkpoints meanwhile
-    shas = {step: _sha256(run.dir.ckpt_path(step)) for step in listed}
+    shas = {step: _sha256(run.checkpoint_file(step)) for step in listed}
     entries = {step: _read_cache(sources, step, shas[step]) for step in listed}  # step -> {metric: cache entry}
     final = entries[listed[-1]].get("keyfreq_wl_fft") if listed else None
     pinned = resolve_keys(run, keys, final["values"] if fresh("keyfreq_wl_fft", final) and "values" in final else None)

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from geolens.errors import GeoError
-from geolens.model.roles import (ALWAYS, BOOKKEEPING, CHOICE, COMPARED, DISTINCT, IGNORED, UNLESS_DEFAULT, VALUE, Roles,
-                                 declare, default_of, roles_of, select)
+from geolens.model.roles import (ALWAYS, BOOKKEEPING, CHOICE, COMPARED, DISTINCT, IGNORED, NEVER, UNLESS_DEFAULT, VALUE,
+                                 Roles, declare, default_of, roles_of, select)
+from geolens.model.schedule import DEFAULT_KEEP
 
 NORMS = ("none", "layernorm", "rmsnorm", "sphere")
 PLACEMENTS = ("post", "pre")
@@ -123,6 +124,10 @@ class GeoConfig:
     checkpoints: str = declare("adaptive", "the checkpoint schedule: every:N, log:K, adaptive[:MAXGAP] or ends",
                                reads=IGNORED, forward=False, member=False, surface=False, hashed=ALWAYS,
                                tables=BOOKKEEPING, grid_key="checkpoints")
+    keep: str = declare(DEFAULT_KEEP, "the storage policy: which checkpoints also keep the optimizer state, sparse:N "
+                        "(epoch 0 and the first checkpoint at or after each multiple of N; a fork elsewhere replays) "
+                        "or all (geolens.model.schedule.parse_keep; `geolens convert` changes a run's)",
+                        reads=IGNORED, forward=False, member=False, surface=False, hashed=NEVER, tables=BOOKKEEPING)
     early_stop_after: int | None = declare(None, "stop N epochs after test accuracy stays >= 0.99 (None: never)",
                                            reads=IGNORED, forward=False, member=True, surface=False, hashed=ALWAYS,
                                            tables=BOOKKEEPING, resume=True, grid_key="early_stop")
@@ -316,9 +321,10 @@ class GeoConfig:
             raise GeoError(f"norm_clamp = {self.norm_clamp} must be a finite number > 0 (the held total weight norm) "
                            "or none")
         from geolens.model.hyperschedule import parse_hyper_schedule
-        from geolens.model.schedule import parse_schedule
+        from geolens.model.schedule import parse_keep, parse_schedule
 
         parse_schedule(self.checkpoints)
+        parse_keep(self.keep)
         parse_hyper_schedule(self.schedule)
 
     def _check_types(self) -> None:
@@ -349,11 +355,13 @@ class GeoConfig:
 
     def sha256(self) -> str:
         """Hex SHA-256 of the config as canonical JSON (sorted keys): a run's identity in a fork's lineage.
-        Every field, except a field hashed 'unless default' (its declared roles) at its default: fields added
-        later leave the identities recorded before them (a fork's parent_identity) valid."""
+        Every field, except a field hashed 'unless default' (its declared roles) at its default (fields added
+        later leave the identities recorded before them, a fork's parent_identity, valid) and one hashed 'never'
+        (the storage policy)."""
         d = self.to_dict()
         for f in dataclasses.fields(self):
-            if f.metadata["roles"].hashed == UNLESS_DEFAULT and d[f.name] == default_of(f):
+            hashed = f.metadata["roles"].hashed
+            if hashed == NEVER or (hashed == UNLESS_DEFAULT and d[f.name] == default_of(f)):
                 del d[f.name]
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
 
@@ -381,6 +389,8 @@ def config_fields(**criteria: Any) -> tuple[str, ...]:
 
 #: fields added after fork identities were first recorded: hashed by sha256 only when not at their default
 HASHED_UNLESS_DEFAULT = config_fields(hashed=UNLESS_DEFAULT)
+#: fields that never enter the identity: how a run is stored (`geolens convert` changes it)
+NOT_HASHED = config_fields(hashed=NEVER)
 
 
 # ---- presets -------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ A role says what the rest of geolens does with the field:
                     surface (barriers) must agree in it
     hashed          'always' in the identity hash (GeoConfig.sha256), or 'unless default': fields added after
                     identities were first recorded are hashed only off their default, so recorded identities
-                    (a fork's parent_identity) stay valid. A new field is 'unless default'.
+                    (a fork's parent_identity) stay valid, or 'never' (how a run is stored, not what it
+                    computes: the storage policy). A new field is 'unless default'.
     tables          'bookkeeping' (runs that differ only in it are one configuration of the tables), 'compared'
                     (a configuration of its own, and an onset row may differ from its LayerNorm baseline in it)
                     or 'distinct' (a configuration of its own, compared with nothing that differs in it)
@@ -33,9 +34,9 @@ from typing import Any, Mapping
 
 ENGINE_SCOPES = ("fast", "deep")  # the engines that declare a scope (geolens.model.engines; hooked runs any config)
 CHOICE, VALUE, IGNORED = "choice", "value", "ignored"
-ALWAYS, UNLESS_DEFAULT = "always", "unless default"
+ALWAYS, UNLESS_DEFAULT, NEVER = "always", "unless default", "never"
 BOOKKEEPING, COMPARED, DISTINCT = "bookkeeping", "compared", "distinct"
-_KINDS = {"reads": (CHOICE, VALUE, IGNORED), "hashed": (ALWAYS, UNLESS_DEFAULT),
+_KINDS = {"reads": (CHOICE, VALUE, IGNORED), "hashed": (ALWAYS, UNLESS_DEFAULT, NEVER),
           "tables": (BOOKKEEPING, COMPARED, DISTINCT)}
 
 

@@ -58,3 +58,36 @@ def parse_schedule(text: str) -> Schedule:
     if n is None or n < 1:
         raise GeoError(f"checkpoint schedule '{text}' needs a positive integer, e.g. every:100 or log:20")
     return Schedule(kind, n)
+
+
+#: the default storage policy: the optimizer state at the first checkpoint of every 5,000 epochs
+DEFAULT_KEEP = "sparse:5000"
+
+
+@dataclass(frozen=True)
+class KeepPolicy:
+    """Which checkpoints also store the optimizer state (with their weights, a full training state):
+    'all' every one; 'sparse:N' epoch 0 and the first checkpoint at or after each multiple of N epochs.
+    The newest checkpoint's full state is always in resume.safetensors; a fork or a replay at any other
+    epoch trains on from the nearest earlier full state (geolens.training.replay)."""
+
+    every: int  # 0: every checkpoint
+
+    def full(self, epoch: int, prev: int | None) -> bool:
+        """Whether the checkpoint at `epoch` stores the optimizer state; prev: the run's previous checkpoint (None: first)."""
+        return self.every == 0 or prev is None or epoch // self.every > prev // self.every
+
+    def full_steps(self, steps: list[int]) -> list[int]:
+        """The checkpoints of `steps` (ascending, a run's own) that store the optimizer state."""
+        return [s for i, s in enumerate(steps) if self.full(s, steps[i - 1] if i else None)]
+
+
+def parse_keep(text: str) -> KeepPolicy:
+    """Parse a storage policy: 'all' or 'sparse:N' (N >= 1 epochs)."""
+    if text == "all":
+        return KeepPolicy(0)
+    kind, _, arg = text.partition(":")
+    if kind != "sparse" or not arg.isdigit() or int(arg) < 1:
+        raise GeoError(f"unknown storage policy keep='{text}'; use all (optimizer state at every checkpoint) or "
+                       f"sparse:N (at the first checkpoint of every N epochs, e.g. {DEFAULT_KEEP})")
+    return KeepPolicy(int(arg))

@@ -51,11 +51,13 @@ def export_run(src: str | Path, out: str | Path, steps: Sequence[int]) -> Path:
     try:
         dst = RunDir(staging)
         for step in keep:  # exactly the bytes the checkpoint's header declares
-            atomic_write_bytes(dst.ckpt_path(step), tensors_bytes(run.dir.ckpt_path(step)))
+            atomic_write_bytes(dst.ckpt_path(step), tensors_bytes(run.checkpoint_file(step)))
         atomic_write_json(dst.manifest_json, [m for m in run.manifest if m["step"] in keep])
         for name in ("metrics.csv", "events.json"):
             atomic_write_bytes(staging / name, (run.path / name).read_bytes())
         header = {k: v for k, v in run.header.items() if k not in ("format", "format_version")}
+        if "fork" in header:  # a fork's copy holds its parent's checkpoints itself
+            header["fork"] = {k: v for k, v in header["fork"].items() if k != "parent_checkpoints"}
         header["trimmed"] = {"source": str(src), "source_checkpoints": len(run.steps), "checkpoints": len(keep),
                              "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
         dst.write_header(header)

@@ -89,6 +89,10 @@ def survey(run: RunDir) -> Survey:
         bad(f"{run.resume_file} is missing", "the run cannot be resumed: retrain with --force (its checkpoints can "
             "still be analysed)", False)
 
+    fork = header.get("fork")
+    if isinstance(fork, dict) and "parent_checkpoints" in fork and not (Path(fork["parent"]) / "run.json").is_file():
+        bad(f"its parent {fork['parent']}, whose checkpoints before epoch {fork['step']} this fork reads, is missing "
+            "(moved or deleted)", "restore the parent at that path (the fork's own epochs are still readable)", False)
     listed = [m["step"] for m in s.manifest or []]
     for step in listed:
         if step not in s.files:

@@ -17,7 +17,8 @@ from geolens.model.config import GeoConfig
 from geolens.model.hyperschedule import parse_hyper_schedule
 from geolens.model.transformer import GeoTransformer
 from geolens.runs.forecast import ThresholdRule
-from geolens.runs.storage import RunDir, read_json, read_metrics
+from geolens.runs.runlock import live_holder
+from geolens.runs.storage import RunDir, file_sha256, load_tensors, read_json, read_metrics
 from geolens.model.tasks import Dataset, make_dataset
 
 
@@ -42,9 +43,61 @@ class Run:
     def events(self) -> dict[str, Any]:
         return read_json(self.dir.events_json) if self.dir.events_json.exists() else {}
 
+    @cached_property
+    def parent(self) -> "Run | None":
+        """The parent whose checkpoints a fork reads for its epochs before the fork step (run.json
+        `fork.parent_checkpoints`: forks written since the fork kept no copies); None for a run that holds its
+        whole history. A GeoError when the parent is missing or now holds another run."""
+        fork = self.header.get("fork")
+        if not isinstance(fork, dict) or "parent_checkpoints" not in fork:
+            return None
+        path = Path(fork["parent"])
+        where = f"{self.path} is a fork of {path}, whose checkpoints before epoch {fork['step']} it reads"
+        if not (path / "run.json").is_file():
+            raise GeoError(f"{where}, but {path} is missing (moved or deleted); restore it at that path")
+        parent = Run(path)
+        if parent.config.sha256() != fork["parent_identity"]["config_sha256"]:
+            raise GeoError(f"{where}, but {path} now holds another run (its config differs); restore the original parent there")
+        return parent
+
+    @property
+    def fork_start(self) -> int | None:
+        """A fork's step when its earlier checkpoints are its parent's (Run.parent), else None."""
+        fork = self.header.get("fork")
+        return fork["step"] if isinstance(fork, dict) and "parent_checkpoints" in fork else None
+
     @property
     def manifest(self) -> list[dict[str, Any]]:
-        return self.dir.read_manifest()
+        """The manifest entries of every checkpoint of the trajectory: a fork's parent's before its step, then its own."""
+        own = self.dir.read_manifest()
+        if self.fork_start is None:
+            return own
+        wanted = {int(k) for k in self.header["fork"]["parent_checkpoints"]}
+        inherited = [m for m in self.parent.manifest if m["step"] in wanted]
+        if len(inherited) != len(wanted):
+            lost = sorted(wanted - {m["step"] for m in inherited})
+            raise GeoError(f"{self.parent.path} no longer lists checkpoint(s) {lost[:6]} that its fork {self.path} reads; "
+                           "restore the parent run")
+        return inherited + own
+
+    def checkpoint_file(self, step: int) -> Path:
+        """The file of checkpoint `step`: the run's own, or for a fork's epoch before its step its parent's,
+        checked against the SHA-256 recorded when the fork was made (a parent retrained since is refused)."""
+        start = self.fork_start
+        if start is None or step >= start:
+            return self.dir.ckpt_path(step)
+        path = self.parent.checkpoint_file(step)
+        want = self.header["fork"]["parent_checkpoints"].get(str(step))
+        if want is not None and self._verified.get(step) != want:
+            if file_sha256(path) != want:
+                raise GeoError(f"checkpoint {step} of {self.parent.path} is not the one its fork {self.path} was made "
+                               "from (the parent was retrained or changed); restore the parent run")
+            self._verified[step] = want
+        return path
+
+    @cached_property
+    def _verified(self) -> dict[int, str]:
+        return {}
 
     @property
     def steps(self) -> list[int]:
@@ -100,11 +153,12 @@ class Run:
                 "(see run.steps)"
             )
         model = GeoTransformer(self.config_at(step))
-        state = self.dir.load_checkpoint(step)
+        path = self.checkpoint_file(step)
+        state = load_tensors(path)
         try:
             model.load_state_dict(state)
         except RuntimeError as e:
-            raise GeoError(f"checkpoint {self.dir.ckpt_path(step)} does not match the run's config: {e}") from None
+            raise GeoError(f"checkpoint {path} does not match the run's config: {e}") from None
         return model.eval()
 
     def _model_text(self) -> str:
@@ -134,7 +188,7 @@ class Run:
             "lr": self.config.lr,
             "weight_decay": self.config.weight_decay,
             "optimizer": self.config.optimizer,
-            "status": self.header.get("status"),
+            "status": self._status_text(last.get("epoch")),
             "engine": self.header.get("engine"),
             "split": f"{self.header.get('n_train')} train / {self.header.get('n_test')} test",
             "last_epoch": last.get("epoch"),
@@ -152,6 +206,15 @@ class Run:
             "ms_per_epoch": round(timing["ms_per_epoch"], 2) if "ms_per_epoch" in timing else None,
         }
 
+    def _status_text(self, last_epoch: int | None) -> str | None:
+        """run.json's status, except that a run marked running whose writer is gone (killed, or its machine
+        went down) is 'stopped' with how to continue it."""
+        status = self.header.get("status")
+        if status != "running" or live_holder(self.path) is not None:
+            return status
+        return (f"stopped at epoch {last_epoch} (no process is training it: it was killed or interrupted); "
+                f"`geolens train --resume --out {self.path}` continues it")
+
     def _forecast_text(self, rule: ThresholdRule | None, rows: list[dict], onset: int | None) -> str | None:
         """When and what the forecast rule forecast, beside the measured onset."""
         if rule is None and "forecast" in self.header:
@@ -168,7 +231,8 @@ class Run:
         """The lineage of a fork (run.json `fork`), one line per generation: parent, step and changes."""
         lines = []
         for fork in self.forks:
-            changes = ", ".join(f"{k} {v['from']} -> {v['to']}" for k, v in fork["changes"].items() if k != "epochs")
+            changes = ", ".join(f"{k} {v['from']} -> {v['to']}" for k, v in fork["changes"].items()
+                                if k not in ("epochs", "preset"))
             lines.append(f"{fork['parent']} at epoch {fork['step']} ({changes or 'no change'})")
         return "\n".join(lines) or None
 

@@ -119,6 +119,17 @@ class RunLock:
         self.release()
 
 
+def live_holder(folder: str | Path) -> dict | None:
+    """The record of the process that holds `folder`'s lock, if it is alive (on another host: taken as alive);
+    None when nobody holds it or its holder died (a killed writer leaves its record). Only reads."""
+    record = RunLock(folder, "")._holder()
+    if not record or "pid" not in record:
+        return None
+    if record.get("host") != socket.gethostname():
+        return record
+    return record if isinstance(record["pid"], int) and _pid_alive(record["pid"]) else None
+
+
 # ---- claiming a folder for a new run ---------------------------------------------------------
 def _is_temporary(name: str) -> bool:
     return name.startswith(".") and name != LOCK_NAME
@@ -201,8 +212,9 @@ class NewRunClaim:
         if not holds_data(target):
             return
         if not self.force:
-            raise GeoError(f"run directory {target} already exists; use --resume to continue it, --force to replace "
-                           "it, or choose another --out")
+            how = ("use --force to replace it (a fork in it continues with `geolens train --resume --out "
+                   f"{target}`)" if self.purpose == "fork" else "use --resume to continue it, --force to replace it")
+            raise GeoError(f"run directory {target} already exists; {how}, or choose another --out")
         foreign = foreign_entries(target)
         if foreign or not (target / "run.json").is_file():
             what = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "") if foreign else "no run.json"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import hashlib
 import io
 import json
 import os
@@ -163,6 +164,16 @@ def tensors_bytes(path: Path) -> bytes:
         _, size = _read_header(f)
         f.seek(0)
         return f.read(size)
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a safetensors file's bytes (tensors_bytes: up to the size its header declares)."""
+    try:
+        return hashlib.sha256(tensors_bytes(path)).hexdigest()
+    except FileNotFoundError:
+        raise GeoError(f"checkpoint {path} is missing; restore the file") from None
+    except (CorruptTensors, OSError) as e:
+        raise GeoError(f"checkpoint {path} is corrupt ({e}); restore the file") from None
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:

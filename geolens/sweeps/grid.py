@@ -334,7 +334,7 @@ def expand_arms(arms: Arms, out: Path) -> list[Member]:
     Each arm's config is its parent's with the changes (training.fork.forked_config: refused fields and
     budgets not past the step fail here, before anything runs)."""
     from geolens.runs.run import Run
-    from geolens.training.fork import forked_config, with_schedule
+    from geolens.training.fork import check_fork_step, forked_config, with_schedule
 
     if out.resolve() == arms.parent.resolve() or arms.parent.resolve() in out.resolve().parents:
         raise GeoError(f"--out {out} is inside --fork-from {arms.parent}; the parents are never written (and arms would "
@@ -354,6 +354,7 @@ def expand_arms(arms: Arms, out: Path) -> list[Member]:
             continue
         rel = [] if parent == arms.parent else list(parent.relative_to(arms.parent).parts)
         for step in arms.steps:
+            check_fork_step(run, step)
             cfg = run.config_at(step, scheduled_tau=False)
             for combo in combos:
                 changes = with_schedule({**arms.shared, **combo}, cfg, step, arms.schedule)

@@ -1,11 +1,14 @@
 """Forks: a new run that starts from another run's checkpoint, with some of its settings changed.
 
-prepare_fork(parent, step, out, changes) writes OUT as a run directory paused at epoch `step`: the
-parent's records before it (metrics rows, checkpoints and their optimizer states, copied), the
-fork's own state at `step` (the parent's weights and optimizer state mapped onto the new config by
+prepare_fork(parent, step, out, changes) writes OUT as a run directory paused at epoch `step` (any epoch of
+the parent's trajectory: its state there is stored or replayed, training.replay): the parent's metrics rows
+before it (copied), the parent's checkpoints before it by reference (their SHA-256 in run.json: Run.parent
+reads them, refusing a moved, deleted or retrained parent), the fork's own state at `step` (the parent's
+weights and optimizer state mapped onto the new config by
 map_state, held at the norm clamp if one is set; a fork that switches optimizer starts it fresh, recorded in
 the mapping), its metrics row there (the parent's, or evaluated
-anew when the change alters the forward at `step`), that checkpoint, the resume state, and run.json
+anew when the change alters the forward at `step` or the parent did not evaluate it), its preset named for
+what it became (fork_preset), that checkpoint, the resume state, and run.json
 with the new config and the lineage (`fork`: parent path and identity, step, changes, mapping).
 fork() continues it with the ordinary resume, so a fork without changes is bit for bit the parent's
 own continuation (same engine, threads and machine); sweeps continue many prepared forks stacked.
@@ -14,8 +17,6 @@ The parent is only read.
 
 from __future__ import annotations
 
-import hashlib
-import shutil
 from pathlib import Path
 
 from torch import Tensor
@@ -28,12 +29,13 @@ from geolens.model.transformer import GeoTransformer
 from geolens.runs.events import onset_events
 from geolens.runs.run import Run
 from geolens.runs.runlock import NewRunClaim
-from geolens.runs.storage import BackgroundWriter, RunDir, load_tensors, read_metrics
+from geolens.runs.storage import BackgroundWriter, RunDir, file_sha256, load_tensors, read_metrics
 from geolens.training.controls import Controls
 from geolens.model.engines import Engine
 from geolens.training.engine import make_optimizer, select_forward, training_device
 from geolens.training.optimizers import check_muon_rate
 from geolens.training.recording import load_optimizer_tensors, optimizer_tensors, run_header, write_checkpoint
+from geolens.training.replay import TrainingState, last_epoch, state_at
 from geolens.training.train import SingleStep, TrainResult, resume
 
 #: fields a fork cannot change, and why (their declared roles, geolens.model.roles)
@@ -68,14 +70,15 @@ def _renamed(name: str, renames: dict[str, str]) -> str:
 
 
 def forked_config(parent: GeoConfig, step: int, changes: dict) -> GeoConfig:
-    """The parent's config (at `step`: Run.config_at) with `changes`; a GeoError for a refused field or an epoch budget not past `step`."""
+    """The parent's config (at `step`: Run.config_at) with `changes` and its preset named for what it became
+    (fork_preset); a GeoError for a refused field or an epoch budget not past `step`."""
     for name in changes:
         if name in REFUSED:
             raise GeoError(f"a fork cannot change '{name}': {REFUSED[name]}; train a new run instead")
     cfg = GeoConfig.from_dict({**parent.to_dict(), **changes})
     if cfg.epochs <= step:
         raise GeoError(f"the fork would end at epoch {cfg.epochs}, not after its start {step}; pass --epochs N with N > {step}")
-    return cfg
+    return cfg if "preset" in changes else cfg.replace(preset=fork_preset(parent, cfg, step))
 
 
 def map_state(new: GeoTransformer, weights: dict[str, Tensor], opt_state: dict[str, Tensor],
@@ -105,21 +108,6 @@ def map_state(new: GeoTransformer, weights: dict[str, Tensor], opt_state: dict[s
     return out, opt, {"added": added, "dropped": dropped, **({"renamed": renames} if renames else {})}
 
 
-def parent_optimizer_state(run: RunDir, step: int) -> dict[str, Tensor]:
-    """The AdamW state (opt.<param>.<key>) of `run` at checkpoint `step`; a GeoError where none was kept."""
-    if run.optim_path(step).exists():
-        return _opt_only(load_tensors(run.optim_path(step)))
-    if step == 0:
-        return {}  # a fresh AdamW holds no state before its first step
-    resume = load_tensors(run.resume_file) if run.resume_file.exists() else None
-    if resume is not None and int(resume["epoch"].item()) == step:
-        return _opt_only(resume)
-    kept = sorted({0, *(int(f.name[6:13]) for f in run.ckpt_dir.glob("optim_*.safetensors")),
-                   *([int(resume["epoch"].item())] if resume is not None else [])})
-    raise GeoError(f"checkpoint {step} of {run.path} has no optimizer state (written before geolens kept one per "
-                   f"checkpoint, or a trimmed export); fork at epoch {', '.join(map(str, kept[:8]))} instead")
-
-
 def with_schedule(changes: dict, base: GeoConfig, step: int, schedule: list[str]) -> dict:
     """`changes` with the schedule entries added (windows relative to `step` made absolute) to the schedule
     the changes set, or else to `base`'s (the parent's at the fork step)."""
@@ -129,38 +117,38 @@ def with_schedule(changes: dict, base: GeoConfig, step: int, schedule: list[str]
 
 
 def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict | None = None,
-                 force: bool = False, schedule: list[str] = ()) -> Path:
-    """Write OUT as the fork of `parent` at checkpoint `step` with config `changes` and the schedule entries
-    `schedule` added (with_schedule; module docstring), ready to be continued by resume; returns its path. A
-    step without a checkpoint, a refused change or an OUT inside the parent is refused before anything is
-    written."""
+                 force: bool = False, schedule: list[str] = (), progress: bool = False) -> Path:
+    """Write OUT as the fork of `parent` at epoch `step` (any epoch of its trajectory: the state stored there,
+    or replayed from the nearest earlier full state, training.replay) with config `changes` and the schedule
+    entries `schedule` added (with_schedule; module docstring), ready to be continued by resume; returns its
+    path. A step outside the trajectory, a refused change or an OUT inside the parent is refused before
+    anything is written."""
     prun = Run(parent)
-    pcfg = prun.config_at(step, scheduled_tau=False)  # a fork's parent config before its own fork step
     out = Path(out)
     if out.resolve() == prun.path.resolve() or prun.path.resolve() in out.resolve().parents:
         raise GeoError(f"--out {out} is the parent run or inside it; the parent is never written: choose another --out")
+    check_fork_step(prun, step)
+    pcfg = prun.config_at(step, scheduled_tau=False)  # a fork's parent config before its own fork step
     cfg = forked_config(pcfg, step, with_schedule(dict(changes or {}), pcfg, step, schedule))
-    parent_manifest = prun.manifest
-    steps = [e["step"] for e in parent_manifest]
-    if step not in steps:
-        before = [s for s in steps if s < step][-1:]
-        after = [s for s in steps if s > step][:1]
-        raise GeoError(f"{prun.path} has no checkpoint at epoch {step}; the nearest are "
-                       f"{' and '.join(map(str, before + after)) or 'none'} (fork at a checkpointed epoch)")
     switched = pcfg.optimizer != cfg.optimizer  # never one optimizer's state in another: the new one starts fresh
     if not switched:
         check_muon_rate(prun.header, prun.path)
-    opt_state = {} if switched else parent_optimizer_state(prun.dir, step)
+    if switched and step in prun.steps:  # the weights are all it takes: no replay (e.g. a trimmed export)
+        state = TrainingState(step, pcfg, load_tensors(prun.checkpoint_file(step)), {}, step)
+    else:
+        state = state_at(prun, step, progress)
     rows = [r for r in read_metrics(prun.dir.metrics_csv) if r["epoch"] <= step]
-    if not rows or rows[-1]["epoch"] != step:
-        raise GeoError(f"{prun.dir.metrics_csv} has no row at epoch {step}; `geolens info --run {prun.path}` says "
+    if not rows or rows[-1]["epoch"] < step - pcfg.eval_every:
+        raise GeoError(f"{prun.dir.metrics_csv} has no row near epoch {step}; `geolens info --run {prun.path}` says "
                        "what is damaged")
 
     model = GeoTransformer(cfg)  # initial values of the parameters the new config adds
-    weights, opt_state, mapping = map_state(model, prun.dir.load_checkpoint(step), opt_state,
+    weights, opt_state, mapping = map_state(model, state.weights, {} if switched else state.opt_state,
                                             placement_renames(pcfg, cfg))
     if switched:
         mapping["optimizer"] = {"from": pcfg.optimizer, "to": cfg.optimizer, "state": "fresh"}
+    if state.source != step:
+        mapping["replayed_from"] = state.source
     model.load_state_dict(weights)
     opt = make_optimizer(model)
     load_optimizer_tensors(model, opt, opt_state)
@@ -169,8 +157,9 @@ def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict |
     controls.before(step)
     data = make_dataset(cfg)
     engine, forward, why = select_forward(model)
-    if _forward_changed(pcfg, cfg, step):
-        rows[-1] = _evaluate_at(model, opt, engine, forward, data, step, rows[-1]["elapsed_s"])
+    if rows[-1]["epoch"] != step or _forward_changed(pcfg, cfg, step):  # a row at the fork step, as the fork sees it
+        row = _evaluate_at(model, opt, engine, forward, data, step, rows[-1]["elapsed_s"])
+        rows = [*rows[:-1], row] if rows[-1]["epoch"] == step else [*rows, row]
     timing = {"train_s": 0.0, "eval_s": 0.0, "ckpt_s": 0.0, "write_s": 0.0, "epochs_timed": 0}
     header = {**run_header(cfg, engine.name, why, len(data.train[1]), len(data.test[1]), step, prun.header,
                            device=training_device(cfg)),
@@ -179,23 +168,38 @@ def prepare_fork(parent: str | Path, step: int, out: str | Path, changes: dict |
         run = RunDir(claim.path)                        # in between is a run without resume state (retrained)
         run.write_header(header)
         run.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        manifest = [e for e in parent_manifest if e["step"] < step]
-        for e in manifest:
-            shutil.copy2(prun.dir.ckpt_path(e["step"]), run.ckpt_path(e["step"]))
-            if prun.dir.optim_path(e["step"]).exists():
-                shutil.copy2(prun.dir.optim_path(e["step"]), run.optim_path(e["step"]))
         with BackgroundWriter() as writer:  # the training loop's checkpoint: the same files, in the same order
-            write_checkpoint(writer, run, model.state_dict(), optimizer_tensors(model, opt), step, rows, manifest,
-                             onset_events(rows), header, timing, cfg.eval_every)
+            write_checkpoint(writer, run, model.state_dict(), optimizer_tensors(model, opt), step, rows, [],
+                             onset_events(rows), header, timing, cfg.eval_every, full=True)
         claim.started()
     return Path(out)
+
+
+def check_fork_step(prun: Run, step: int) -> None:
+    """Refuse (GeoError naming the step) an epoch outside the parent's trajectory (0 to its newest state)."""
+    end = last_epoch(prun)
+    if not 0 <= step <= end:
+        raise GeoError(f"--step {step} is outside the trajectory of {prun.path}, which ends at epoch {end}; "
+                       f"fork at an epoch from 0 to {end}")
+
+
+def fork_preset(pcfg: GeoConfig, cfg: GeoConfig, step: int) -> str:
+    """The fork's preset string: the parent's, then what the fork changed at `step` ('ln>@3000:norm=sphere,unembed=bounded')."""
+    old, new = pcfg.to_dict(), cfg.to_dict()
+    changed = [f"{k}={_short(new[k])}" for k in new if new[k] != old[k] and k not in ("epochs", "preset")]
+    base = pcfg.preset or pcfg.norm
+    return f"{base}>@{step}:{','.join(changed)}" if changed else base
+
+
+def _short(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 def fork(parent: str | Path, step: int, out: str | Path, changes: dict | None = None, force: bool = False,
          progress: bool = True, schedule: list[str] = ()) -> TrainResult:
     """Fork `parent` at checkpoint `step` into `out` with config `changes` and schedule entries `schedule`
     (prepare_fork) and train it to its epochs (training.train.resume); returns the TrainResult."""
-    prepare_fork(parent, step, out, changes, force, schedule)
+    prepare_fork(parent, step, out, changes, force, schedule, progress)
     return resume(out, progress=progress)
 
 
@@ -204,11 +208,13 @@ def lineage(prun: Run, pcfg: GeoConfig, cfg: GeoConfig, step: int, mapping: dict
     the checkpoint forked from; its own `fork` record when it is a fork), the step, the fields changed
     against pcfg (the parent's config at `step`) and the mapping."""
     old, new = pcfg.to_dict(), cfg.to_dict()
+    inherited = [s for s in prun.steps if s < step]
     return {
         "parent": str(prun.path.resolve()),
         "parent_identity": {"config_sha256": prun.config.sha256(),
-                            "checkpoint_sha256": hashlib.sha256(prun.dir.ckpt_path(step).read_bytes()).hexdigest()},
+                            "checkpoint_sha256": file_sha256(prun.checkpoint_file(step)) if step in prun.steps else None},
         "step": step,
+        "parent_checkpoints": {str(s): file_sha256(prun.checkpoint_file(s)) for s in inherited},
         "changes": {k: {"from": old[k], "to": new[k]} for k in new if new[k] != old[k]},
         "mapping": mapping,
         "parent_fork": prun.header.get("fork"),
@@ -230,7 +236,3 @@ def _evaluate_at(model: GeoTransformer, opt, engine: Engine, forward, data, step
     row = single.evaluate(step, elapsed)[0]
     opt.zero_grad(set_to_none=True)
     return row
-
-
-def _opt_only(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {k: v for k, v in state.items() if k.startswith("opt.")}

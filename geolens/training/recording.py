@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from geolens.model.config import GeoConfig
+from geolens.model.schedule import parse_keep
 from geolens.model.transformer import GeoTransformer
 from geolens.runs.events import finish_events
 from geolens.runs.runlock import NewRunClaim
@@ -133,23 +134,29 @@ def snapshot(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 
 def write_checkpoint(writer: BackgroundWriter, run: RunDir, weights: dict[str, Tensor], opt_state: dict[str, Tensor],
                      epoch: int, rows: list, manifest: list, events: dict, header: dict, timing: dict,
-                     eval_every: int) -> None:
+                     eval_every: int, full: bool | None = None) -> None:
     """Checkpoint `epoch`: snapshot the weights (a state_dict), the optimizer state (opt.<param>.<key>),
-    rows, events and timing now, add the manifest entry, and queue the writes on `writer`."""
+    rows, events and timing now, add the manifest entry, and queue the writes on `writer`. full: whether the
+    checkpoint also keeps its optimizer state in optim_<epoch> (default: as the config's storage policy
+    `keep` says, model.schedule.KeepPolicy); the resume state always holds it."""
     row = rows[-1]
+    prev = manifest[-1]["step"] if manifest else None
+    if full is None:
+        full = parse_keep(header["config"]["keep"]).full(epoch, prev)
     manifest.append(run.manifest_entry(epoch, {k: row[k] for k in ("train_loss", "train_acc", "test_loss", "test_acc")}))
     writer.submit(_write_checkpoint, writer, run, snapshot(weights), snapshot(opt_state), epoch, list(rows),
-                  list(manifest), {**events, "eval_every": eval_every}, {**header, "timing": dict(timing)})
+                  list(manifest), {**events, "eval_every": eval_every}, {**header, "timing": dict(timing)}, full)
 
 
 def _write_checkpoint(writer: BackgroundWriter, run: RunDir, weights: dict[str, Tensor], opt_state: dict[str, Tensor],
-                      epoch: int, rows: list, manifest: list, events: dict, header: dict) -> None:
-    """Metrics, events, the step's optimizer state and weights, the manifest, then the resume state (weights
-    as model.*, the optimizer state) and run.json, in that order, so everything a resume state refers to is
-    on disk before it."""
+                      epoch: int, rows: list, manifest: list, events: dict, header: dict, full: bool) -> None:
+    """Metrics, events, the step's optimizer state (if full) and weights, the manifest, then the resume state
+    (weights as model.*, the optimizer state) and run.json, in that order, so everything a resume state refers
+    to is on disk before it."""
     write_metrics(run.metrics_csv, rows)
     atomic_write_json(run.events_json, events)
-    save_tensors(run.optim_path(epoch), {**opt_state, "epoch": torch.tensor(epoch)}, metadata={"step": str(epoch)})
+    if full:
+        save_tensors(run.optim_path(epoch), {**opt_state, "epoch": torch.tensor(epoch)}, metadata={"step": str(epoch)})
     run.save_checkpoint(epoch, weights, manifest)
     state = {f"model.{k}": v for k, v in weights.items()}
     state.update(opt_state)
