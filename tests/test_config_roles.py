@@ -16,7 +16,8 @@ from geolens.model.config import GeoConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# The lists each module kept by hand before the roles were declared (commit 00b7238), pinned: a declaration
+# The lists each module kept by hand before the roles were declared (commit 00b7238; `keep`, the storage policy,
+# added since), pinned: a declaration
 # that moves a field in or out of one fails here (and then says what it changes: a hash, a table, a stack).
 OLD_LISTS = {
     "fast.FAST_VALUE_FIELDS": {"d_model", "n_heads", "d_head", "d_mlp", "tau", "ln_eps", "rms_eps", "sphere_eps",
@@ -24,13 +25,13 @@ OLD_LISTS = {
     "fast.FAST_IGNORED_FIELDS": {"task", "p", "n_perm", "frac_train", "data_seed", "fourier_init", "init", "seed",
                                  "lr", "beta1", "beta2", "weight_decay", "optimizer", "momentum", "muon_lr",
                                  "muon_momentum", "epochs", "eval_every", "checkpoints", "early_stop_after", "engine",
-                                 "device", "preset", "schedule", "norm_clamp", "flush_denormal"},
+                                 "device", "preset", "schedule", "norm_clamp", "flush_denormal", "keep"},
     "deep.DEEP_VALUE_FIELDS": {"n_layers", "d_model", "n_heads", "d_head", "d_mlp", "tau", "ln_eps", "rms_eps",
                                "sphere_eps", "causal", "p", "n_perm"},
     "deep.DEEP_IGNORED_FIELDS": {"frac_train", "data_seed", "fourier_init", "init", "seed", "lr", "beta1", "beta2",
                                  "weight_decay", "optimizer", "momentum", "muon_lr", "muon_momentum", "epochs",
                                  "eval_every", "checkpoints", "early_stop_after", "engine", "device", "preset",
-                                 "schedule", "norm_clamp", "flush_denormal"},
+                                 "schedule", "norm_clamp", "flush_denormal", "keep"},
     "fork.FORWARD_FIELDS": {"norm", "norm_placement", "unembed", "attention", "tau", "ln_eps", "rms_eps", "sphere_eps",
                             "causal", "norm_clamp"},
     "batched.MEMBER_FIELDS": {"seed", "data_seed", "lr", "weight_decay", "beta1", "beta2", "early_stop_after",
@@ -38,12 +39,12 @@ OLD_LISTS = {
     "train.RESUMABLE_FIELDS": {"epochs", "early_stop_after", "device"},
     "barrier.TRAINING_FIELDS": {"seed", "lr", "beta1", "beta2", "weight_decay", "optimizer", "momentum", "muon_lr",
                                 "muon_momentum", "epochs", "eval_every", "checkpoints", "early_stop_after", "schedule",
-                                "norm_clamp", "engine", "device", "preset", "init", "fourier_init", "flush_denormal"},
+                                "norm_clamp", "engine", "device", "preset", "init", "fourier_init", "flush_denormal", "keep"},
     "config.HASHED_UNLESS_DEFAULT": {"norm_placement", "optimizer", "momentum", "muon_lr", "muon_momentum",
                                      "flush_denormal"},
     "tables.COMPARED": {"norm", "unembed", "weight_decay", "fourier_init", "init"},
     "runset.BOOKKEEPING": {"seed", "data_seed", "preset", "engine", "device", "checkpoints", "early_stop_after",
-                           "epochs", "eval_every", "flush_denormal"},
+                           "epochs", "eval_every", "flush_denormal", "keep"},
     "runset.SHOWN": {"norm", "unembed", "weight_decay", "attention", "fourier_init", "init", "lr", "task", "p",
                      "n_perm"},
 }

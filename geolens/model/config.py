@@ -124,9 +124,8 @@ class GeoConfig:
     checkpoints: str = declare("adaptive", "the checkpoint schedule: every:N, log:K, adaptive[:MAXGAP] or ends",
                                reads=IGNORED, forward=False, member=False, surface=False, hashed=ALWAYS,
                                tables=BOOKKEEPING, grid_key="checkpoints")
-    keep: str = declare(DEFAULT_KEEP, "the storage policy: which checkpoints also keep the optimizer state, sparse:N "
-                        "(epoch 0 and the first checkpoint at or after each multiple of N; a fork elsewhere replays) "
-                        "or all (geolens.model.schedule.parse_keep; `geolens convert` changes a run's)",
+    keep: str = declare(DEFAULT_KEEP, "storage policy: optimizer state every N epochs (sparse:N) or at every "
+                        "checkpoint (all)",
                         reads=IGNORED, forward=False, member=False, surface=False, hashed=NEVER, tables=BOOKKEEPING)
     early_stop_after: int | None = declare(None, "stop N epochs after test accuracy stays >= 0.99 (None: never)",
                                            reads=IGNORED, forward=False, member=True, surface=False, hashed=ALWAYS,
