@@ -16,7 +16,6 @@ geolens.training.fork forks at any epoch through it and `geolens convert` change
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -34,7 +33,7 @@ from geolens.runs.runlock import RunLock
 from geolens.runs.storage import RunDir, load_tensors, machine, save_tensors
 from geolens.training.batched import StackedForward, StackedStep
 from geolens.training.controls import Controls
-from geolens.training.engine import denormals_flushed, select_forward, training_device
+from geolens.training.engine import denormals_flushed, select_forward, torch_threads, training_device
 from geolens.training.progress_bar import EpochProgress
 from geolens.training.recording import from_resume_state, optimizer_tensors
 from geolens.training.train import SingleStep
@@ -194,17 +193,6 @@ def replay_threads(run: Run, start: int, stop: int) -> int:
                        "segments; a replay across them cannot be exact: use an epoch with a stored full state "
                        f"({', '.join(map(str, full_states(run)))})")
     return threads.pop() if threads else torch.get_num_threads()
-
-
-@contextmanager
-def torch_threads(n: int):
-    """torch's intra-op thread count set to n inside the block (the float order of the sums)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _check_weights(run: Run, epoch: int, model, source: int) -> None:
