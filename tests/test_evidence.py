@@ -347,9 +347,16 @@ def test_a_forecast_fitted_on_a_small_sweep_shows_on_a_held_out_seed(tmp_path, g
     assert r.returncode == 0, r.stderr
     check = (tmp_path / "check" / "forecast_check.md").read_text()
     expected = fired + forecast.rule.lead
-    assert (f"| 5 | {forecast.rule.describe()} | {fired:,} | {expected:,.0f} | {onset:,} | {abs(onset - expected):,.0f} | "
-            f"{abs(onset - forecast.mean_onset):,.0f} |") in check
+    assert (f"| 5 | {forecast.rule.describe()} | {fired:,} | {onset - fired:,} | {expected:,.0f} | {onset:,} | "
+            f"{abs(onset - expected):,.0f} | {abs(onset - forecast.mean_onset):,.0f} |") in check
     assert f"forecast MAE {abs(onset - expected):,.0f} against the fitting runs' mean onset" in check
+    assert f"warnings {onset - fired:,} to {onset - fired:,} epochs, median {onset - fired:,}" in check
+    assert f"forecast after the onset on {int(expected > onset)}" in check
+    # --online also wrote the error of choosing the column and lead time against false alarms
+    selection = (tmp_path / "pre" / "precursors_online_selection.md").read_text()
+    assert f"| {forecast.rule.column} | on all seeds (optimistic) | 4 |" in selection and "| nested: inside each fold |" in selection
+    alarms = (tmp_path / "pre" / "precursors_alarms.md").read_text()
+    assert "(fitted) | " in alarms and "no run of this configuration that did not grok" in alarms
 
     # a forecast file of another configuration is refused before anything is written
     args[2] = "fb"
