@@ -170,24 +170,25 @@ def smaller_than(a: Sequence[float | None], b: Sequence[float | None]) -> float 
     runs without a value, where the asymptotic method scipy would switch to gives p below what the seeds can
     show). None (a run without an onset, censored at its budget) ranks after every value. None with fewer than
     2 runs on either side."""
-    if len(a) < 2 or len(b) < 2:
-        return None
-    seen = [v for v in (*a, *b) if v is not None]
-    last = (max(seen) + 1) if seen else 1
-    x, y = ([last if v is None else v for v in side] for side in (a, b))
-    return float(stats.mannwhitneyu(x, y, alternative="less", method="exact").pvalue)
+    return _mann_whitney(a, b, "less")
 
 
 def onsets_differ(a: Sequence[float | None], b: Sequence[float | None]) -> float | None:
     """Two-sided p-value that the values a and b differ in location (a comparison asked in both directions):
     scipy.stats.mannwhitneyu, exact, two-sided (twice the smaller one-sided p, at most 1); None (no onset) ranks
     after every value, as in smaller_than. None with fewer than 2 runs on either side."""
+    return _mann_whitney(a, b, "two-sided")
+
+
+def _mann_whitney(a: Sequence[float | None], b: Sequence[float | None], alternative: str) -> float | None:
+    """scipy.stats.mannwhitneyu's exact p of a against b, None (no value) ranked after every value; None with
+    fewer than 2 runs on either side."""
     if len(a) < 2 or len(b) < 2:
         return None
     seen = [v for v in (*a, *b) if v is not None]
     last = (max(seen) + 1) if seen else 1
     x, y = ([last if v is None else v for v in side] for side in (a, b))
-    return float(stats.mannwhitneyu(x, y, alternative="two-sided", method="exact").pvalue)
+    return float(stats.mannwhitneyu(x, y, alternative=alternative, method="exact").pvalue)
 
 
 def smaller_within(strata: Sequence[tuple[Sequence[float | None], Sequence[float | None]]]) -> float | None:
