@@ -443,9 +443,10 @@ def probe(
     from geolens.runs.run import load_run
 
     r = load_run(run)
-    table = Table(show_header=False, title=f"{run} @ {step}")
+    used = step if exact else _checkpoint(r, step)
+    table = Table(show_header=False, title=f"{run} @ {used}")
     model = _model_at(r, step) if exact else None
-    for label, text in describe(probe_run(r, step if exact else _checkpoint(r, step), model)):
+    for label, text in describe(probe_run(r, used, model)):
         table.add_row(label, text)
     console.print(table)
 

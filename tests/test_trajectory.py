@@ -187,7 +187,8 @@ def test_cli_analyze_writes_report_and_figures_and_probe_prints_circuit(run_dir)
     env = {**os.environ, "COLUMNS": "250"}  # one table row per line
     r = subprocess.run(cmd + ["probe", "--run", str(run_dir), "--step", "75"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
-    assert "epoch 80" in r.stdout and "requested epoch 75" in r.stdout
+    assert "@ 80" in r.stdout and "epoch 80" in r.stdout  # the checkpoint used, said in one line on stderr
+    assert "no checkpoint at epoch 75; using the nearest, epoch 80" in r.stderr
     assert "key frequencies" in r.stdout and "clock / pizza" in r.stdout and "top neurons" in r.stdout
 
 
