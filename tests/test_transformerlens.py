@@ -118,6 +118,23 @@ def test_a_folded_state_dict_holds_the_biases_and_does_not_load_into_an_unfolded
         GeoTransformer(model.cfg).double().load_state_dict(state)
 
 
+def test_a_folded_model_runs_on_the_hooked_engine_and_deep_is_refused():
+    """The deep engine ignores the bias buffers folding fills: auto picks the hooked forward, and its logits
+    equal the unfolded model's; engine=deep is refused in one line."""
+    from geolens.model.engines import choose_engine
+
+    model = habits.make_model(("pre", "layernorm", "raw", "learned"))
+    tokens = torch.tensor([[1, 2, model.cfg.p], [3, 4, model.cfg.p]])
+    before = model(tokens)[:, -1]
+    assert choose_engine(model.cfg)[0].name == "deep"
+    model.fold_layer_norm()
+    engine, why = choose_engine(model.cfg)
+    assert engine.name == "hooked" and "fold_layer_norm" in why
+    assert habits.close(engine.logits(model, tokens), before, 1e-5)
+    with pytest.raises(GeoError, match="engine=deep cannot run this model: its weights were processed"):
+        choose_engine(model.cfg, "deep")
+
+
 @pytest.mark.parametrize("preset,n_layers,causal", [("ln", 1, False), ("rms", 3, True), ("none", 2, False)])
 def test_the_bridge_holds_the_same_model(preset, n_layers, causal):
     model = GeoTransformer(make_config(preset, norm_placement="pre", n_layers=n_layers, causal=causal, **SMALL))

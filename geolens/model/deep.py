@@ -66,6 +66,9 @@ MLP_WEIGHTS = ("W_in", "b_in", "W_out", "b_out")
 
 def deep_unsupported_reason(cfg: GeoConfig) -> str | None:
     """None when this engine computes the model exactly (every declared choice), else a one-line reason."""
+    if str(cfg.normalization_type).endswith("Pre"):
+        return (f"its weights were processed (fold_layer_norm: normalization_type '{cfg.normalization_type}'); the "
+                "folded biases b_Q, b_K, b_V, b_O, b_U are buffers that only the hooked forward reads")
     for field, supported in DEEP_CHOICES:
         values = cfg.layer_norms if field == "norm" else (getattr(cfg, field),)
         for value in values:
