@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from geolens.analysis import METRICS, AnalysisContext, compute_metrics
-from geolens.analysis.threads import torch_threads
+from geolens.threads import torch_threads
 from geolens.analysis.trajectory import ANALYSIS_DIR, analyze_run
 from geolens.model.config import make_config
 from geolens.model.tasks import make_dataset

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from geolens.analysis.threads import torch_threads
+from geolens.threads import torch_threads
 from geolens.cli import main
 from geolens.model.config import make_config
 from geolens.runs.storage import RunDir, atomic_write_json, load_tensors, write_metrics

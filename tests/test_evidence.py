@@ -305,7 +305,7 @@ def test_a_forecast_fitted_on_a_small_sweep_shows_on_a_held_out_seed(tmp_path, g
     """`geolens precursors --online --save` on four seeds of a real Z_23 sweep, then `geolens train
     --forecast` of a fifth seed: its progress line shows the expected onset once the rule fires, and
     `geolens info` the forecast beside the measured onset."""
-    from geolens.analysis.threads import torch_threads
+    from geolens.threads import torch_threads
     from geolens.training import progress_bar
     from geolens.training.batched import train_batched
 

@@ -10,7 +10,8 @@ import torch
 from geolens.model.config import make_config
 from geolens.runs.storage import RunDir
 from geolens.training import train as training
-from geolens.training.engine import started_threads, torch_threads
+from geolens.threads import torch_threads
+from geolens.training.engine import started_threads
 from geolens.training.wait_policy import busy_cores, choose_wait_policy, contended, default_threads, wait_policy
 
 TINY = dict(p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.5, eval_every=10, checkpoints="every:10")

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from geolens.analysis.eqforward import EqActivations
 from geolens.analysis.fourier import cos_index, fourier_basis, sin_index
-from geolens.analysis.threads import single_thread
+from geolens.threads import single_thread
 from geolens.model.config import GeoConfig
 from geolens.model.decompose import norm_kind, norm_linear, norm_linear_T, norm_offset, pull_back
 from geolens.model.readout import unit_columns

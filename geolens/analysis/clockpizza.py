@@ -21,7 +21,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from geolens.analysis.fourier import CyclicFrame
-from geolens.analysis.threads import single_thread
+from geolens.threads import single_thread
 
 GRAD_SYM_PIZZA_MIN = 0.9  # pizza needs gradient symmetricity >= this; clock needs < this
 DIST_IRR_CLOCK_MIN = 0.5  # clock needs distance irrelevance >= this; pizza needs < this

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from geolens.analysis.fourier import CyclicFrame, diagonal_sums
 from geolens.analysis.keyfreq import NEURON_SHARE_MIN
-from geolens.analysis.threads import single_thread
+from geolens.threads import single_thread
 
 
 def class_waves(n: int, freqs: Tensor, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:

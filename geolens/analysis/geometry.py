@@ -7,7 +7,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from geolens.analysis.eqforward import EqActivations, residual_hooks
-from geolens.analysis.threads import single_thread
+from geolens.threads import single_thread
 from geolens.model.config import GeoConfig
 
 

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from geolens.analysis import circuit, clockpizza, fve, geometry, health, keyfreq, landscape, progress_measures
 from geolens.analysis.context import AnalysisContext
-from geolens.analysis.threads import torch_threads
+from geolens.threads import torch_threads
 from geolens.analysis.llc import DEFAULT_LLC, LLCSettings
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig

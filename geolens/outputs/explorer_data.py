@@ -103,7 +103,7 @@ def _per_step_computed(traj: Trajectory) -> dict:
     from geolens.analysis import AnalysisContext
     from geolens.analysis.circuit import embedding_circles
     from geolens.analysis.keyfreq import embed_freq_norms, neuron_freq_shares
-    from geolens.analysis.threads import torch_threads
+    from geolens.threads import torch_threads
 
     run, cfg = traj.run, traj.run.config
     out = {"we_spectrum": [], "circles": [], "neurons": []}

@@ -3,7 +3,7 @@
 training_device: cfg.device as a torch.device (refused if this torch cannot see it). select_forward: the
 engine geolens.model.engines.choose_engine picks (fast, deep or hooked) and its forward as tokens -> logits
 at `=`. make_optimizer: the optimizer (geolens.training.optimizers) every
-training path uses. started_threads / torch_threads: the thread count a run started with, kept on resume. preflight: the checks made before anything is written (engine, memory, warnings);
+training path uses. started_threads / training_threads: the thread count a run started with, kept on resume. preflight: the checks made before anything is written (engine, memory, warnings);
 out_of_memory_as_error: an allocation failure as a one-line GeoError. Used by geolens.training.train,
 geolens.training.batched and the benchmarks.
 """
@@ -20,6 +20,7 @@ from torch import Tensor
 from geolens.errors import GeoError, warn
 from geolens.model.config import GeoConfig, training_warnings
 from geolens.model.engines import Engine, choose_engine
+from geolens.threads import torch_threads
 from geolens.training.resources import check_fits, is_out_of_memory, out_of_memory_error
 
 if TYPE_CHECKING:
@@ -74,20 +75,15 @@ def started_threads(header: dict) -> int | None:
 
 
 @contextmanager
-def torch_threads(threads: int | None):
-    """While inside: torch.set_num_threads(threads) (None: unchanged); the caller's count is restored after.
-    The thread count sets the order of torch's sums, so a resumed run keeps the count it started with."""
-    was = torch.get_num_threads()
-    if threads is not None and threads != was:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        if threads > cores:
-            warn(f"training on {threads} torch threads, as the run started (the thread count sets its float order), "
-                 f"on {cores} core(s) here: slower than usual")
-        torch.set_num_threads(threads)
-    try:
+def training_threads(threads: int | None):
+    """geolens.threads.torch_threads(threads), warning when the run's count exceeds the cores here: a resumed
+    run keeps the count it started with, since the count sets the order of torch's sums."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if threads is not None and threads != torch.get_num_threads() and threads > cores:
+        warn(f"training on {threads} torch threads, as the run started (the thread count sets its float order), "
+             f"on {cores} core(s) here: slower than usual")
+    with torch_threads(threads):
         yield
-    finally:
-        torch.set_num_threads(was)
 
 
 def select_forward(model: GeoTransformer) -> tuple[Engine, Callable[[Tensor], Tensor], str]:

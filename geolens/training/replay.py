@@ -33,7 +33,7 @@ from geolens.runs.runlock import RunLock
 from geolens.runs.storage import RunDir, load_tensors, machine, save_tensors
 from geolens.training.batched import StackedForward, StackedStep
 from geolens.training.controls import Controls
-from geolens.training.engine import denormals_flushed, select_forward, torch_threads, training_device
+from geolens.training.engine import denormals_flushed, select_forward, training_device, training_threads
 from geolens.training.progress_bar import EpochProgress
 from geolens.training.recording import from_resume_state, optimizer_tensors
 from geolens.training.train import SingleStep
@@ -144,7 +144,7 @@ def replay(run: Run, start: int, stop: int, visit: Callable[[int, torch.nn.Modul
     weights, opt_state = stored_state(run, start)
     dev = training_device(cfg)
     model, opt = from_resume_state(cfg, {**{f"model.{k}": v for k, v in weights.items()}, **opt_state}, dev)
-    with torch_threads(threads):
+    with training_threads(threads):
         torch.manual_seed(cfg.seed)
         data = make_dataset(cfg)
         train_x, train_y, test_x, test_y = (t.to(dev) for t in (*data.train, *data.test))

@@ -40,8 +40,8 @@ from geolens.training.engine import (
     select_forward,
     started_threads,
     synchronize,
-    torch_threads,
     training_device,
+    training_threads,
 )
 from geolens.training.controls import Controls
 from geolens.training.precursor_columns import PrecursorProbe
@@ -270,7 +270,7 @@ def resume(out: str | Path, progress: bool = True, forecast: ThresholdRule | Non
     cfg = GeoConfig.from_dict({**header["config"], **changes})
     dev = training_device(cfg)
     engine = preflight(cfg, dev)
-    with RunLock(run.path, "resume"), out_of_memory_as_error(cfg, engine), torch_threads(started_threads(header)):
+    with RunLock(run.path, "resume"), out_of_memory_as_error(cfg, engine), training_threads(started_threads(header)):
         if not run.resume_file.exists():
             raise GeoError(f"{run.resume_file} is missing: the run has no checkpoint to resume from; retrain with --force")
         state = load_tensors(run.resume_file)

@@ -1,8 +1,9 @@
-"""Thread control for analysis code on small, shared CPU machines.
+"""torch's thread count for one block, shared by training and analysis.
 
-Small LAPACK calls (SVD, eigendecompositions, pinv of tiny matrices) and many small elementwise
-ops suffer badly from OpenMP thread contention when the cores are shared with other processes,
-so analysis runs them on one thread (measurements in docs/performance.md).
+Training runs a resumed run on the count it started with (the count sets the order of torch's sums:
+geolens.training.engine.training_threads). Analysis runs small LAPACK calls (SVD, eigendecompositions,
+pinv of tiny matrices) on one thread: with the cores shared, OpenMP contention makes them slow
+(measurements in docs/performance.md).
 """
 
 from __future__ import annotations
