@@ -561,7 +561,7 @@ def table(
     out: Optional[Path] = typer.Option(None, help="Folder for <table>.md, <table>.csv, <table>_runs.csv "
                                        "(default: RUNS/tables)."),
 ) -> None:
-    """Rebuild the paper's tables from runs: onsets (or peak accuracy) per configuration, CI, the paper's row, a verdict."""
+    """Rebuild the paper's tables from runs: onsets (or peak accuracy) per configuration, the 95% t-interval of the mean, the paper's row, a verdict."""
     from geolens.outputs.tables import build_tables, rich_table, write_table
 
     built, notes = build_tables(runs, paper)

@@ -516,7 +516,7 @@ def test_the_interventions_tables(tmp_path, write_run, step_curve):
     floors = {(group_key(make_config("ln")), "?"): MachineFloor(450, 600),
               (group_key(make_config("ln")), "Other CPU (AVX2)"): MachineFloor(10, 10)}
     tables = summarize.summarize(constructed_interventions(tmp_path / "interventions", write_run, step_curve), floors)
-    assert list(tables) == ["parents", "pulses", "rescue"]
+    assert list(tables) == ["parents", "pulses", "rescue", "pairs"]
     assert "| ln wd 1 | 1 | 8,000 |" in tables["parents"] and "| ln wd 1 | 2 | 7,000 |" in tables["parents"]
     pulses = tables["pulses"].splitlines()
     # four sign tests in the tables (three rows of pulses, one pooled): Holm over them
@@ -533,6 +533,18 @@ def test_the_interventions_tables(tmp_path, write_run, step_curve):
                                 "name no commit")  # the constructed records name no commit
     assert tables["rescue"].splitlines()[2] == ("| ln | norm sphere, unembed bounded, weight_decay 0 | 5,000 | none by "
                                                 "12,000, peak test acc 0.50 (8,000) | - | 0/1 | - | - |")
+    # the two pulses forked at 3,000, seed by seed: 0.3's onsets 8,400 and 7,600 minus 3.0's 6,000 and 6,000
+    assert tables["pairs"].splitlines()[2] == (
+        "| pulses | ln | schedule weight_decay=0.3@+0:+200 minus schedule weight_decay=3.0@+0:+200 | 3,000 | +2,400 | "
+        "+1,600 | +2,000 | 0-/2+ (p 0.5, Holm 1) | 2/2 beyond 450 (?) |")
+    assert "against_fresh" not in tables  # no experiment of the constructed records is in FRESH
+    # the pulses against the LayerNorm runs from scratch (their parents here, so the differences are the shifts);
+    # one-sided exact Mann-Whitney of arms against 8,000 and 7,000: 7,500 and 7,300 beat 7,000 only (U = 2 of 4:
+    # p = 4/6), 6,000 and 6,000 beat neither (p = 1/6); Holm over the three: 1/6 x 3 = 0.5
+    fresh = summarize.summarize(tmp_path / "interventions", floors, fresh={"pulses": "ln"})["against_fresh"].splitlines()
+    assert fresh[3] == ("| pulses | ln: schedule weight_decay=3.0@+0:+200 | ln from scratch | 1,000 | -500 | +300 | -100 | "
+                        "1-/1+ (p 1, Holm 1) | 1/2 beyond 450 (?) | 0.667 (1) |")
+    assert fresh[4].endswith("| -2,000 | -1,000 | -1,500 | 2-/0+ (p 0.5, Holm 1) | 2/2 beyond 450 (?) | 0.167 (0.5) |")
     # no floor from committed replicates on the arms' machine: said, with the labelled range; none: said
     shifts = [(500, "?"), (-100, "?")]
     assert summarize.beyond_cell(shifts, "k", {("k", "?"): MachineFloor(None, 300)}) == (
@@ -546,7 +558,7 @@ def test_the_interventions_tables(tmp_path, write_run, step_curve):
     embed_spec.loader.exec_module(embed)
     doc = (REPO / "docs" / "interventions.md").read_text()
     refreshed, count = embed.embed(doc)
-    assert count == 8 and refreshed == doc  # the doc's tables are those of results/interventions/tables
+    assert count == 10 and refreshed == doc  # the doc's tables are those of results/interventions/tables
 
 
 def test_a_run_written_before_schedules_existed_can_be_forked_with_one(parent, tmp_path, geolens):

@@ -13,7 +13,7 @@ from geolens.cli import main
 from geolens.errors import GeoError
 from geolens.model.config import PAPER_FOURIER_FREQS, make_config
 from geolens.outputs.paper import TABLES, OneOf, paper_tables
-from geolens.outputs.stats import bootstrap_ci, summarize, verdict
+from geolens.outputs.stats import summarize, t_interval, verdict
 from geolens.outputs.tables import Rule, build_tables, display
 from geolens.runs.run import load_run
 from geolens.runs.runset import find_runs, group_runs
@@ -23,42 +23,62 @@ ADD = dict(task="add", p=113, eval_every=10)
 
 
 def _ci(s):
-    return s.ci_lo, s.ci_hi
+    return s.t95_lo, s.t95_hi
 
 
 # ---- statistics --------------------------------------------------------------------------------
+T_975_DF2, T_975_DF3 = 4.302653, 3.182446  # Student's t, 97.5% quantile, 2 and 3 degrees of freedom (printed tables)
+
+
 def test_summary_of_known_values():
     s = summarize([600, 800, 1000, 1200])
     assert (s.n, s.mean, s.min, s.max) == (4, 900.0, 600.0, 1200.0)
     assert s.std == pytest.approx(math.sqrt(200_000 / 3))  # sample std, n - 1
-    assert 600 <= s.ci_lo < 900 < s.ci_hi <= 1200
-    # two values: the resampled means are a, (a + b) / 2, b with probabilities 1/4, 1/2, 1/4
-    assert _ci(summarize([2000, 2200])) == (2000.0, 2200.0)
-    assert summarize([7.0, 7.0, 7.0]).ci_lo == summarize([7.0, 7.0, 7.0]).ci_hi == 7.0
+    half = T_975_DF3 * s.std / 2  # t * std / sqrt(4)
+    assert _ci(s) == pytest.approx((900 - half, 900 + half))  # (489.2, 1310.8): wider than the range
+    assert summarize([7.0, 7.0, 7.0]).t95_lo == summarize([7.0, 7.0, 7.0]).t95_hi == 7.0
     one = summarize([5.0])
-    assert one.mean == 5.0 and math.isnan(one.std) and math.isnan(one.ci_lo) and math.isnan(one.ci_hi)
+    assert one.mean == 5.0 and math.isnan(one.std) and math.isnan(one.t95_lo) and math.isnan(one.t95_hi)
     none = summarize([])
     assert none.n == 0 and math.isnan(none.mean)
 
 
-def test_bootstrap_ci_is_seeded_and_near_the_normal_interval():
-    x = np.random.default_rng(1).normal(1000.0, 100.0, size=400)
-    lo, hi = bootstrap_ci(x)
-    assert (lo, hi) == bootstrap_ci(x)  # fixed seed: reproducible
-    half = 1.96 * x.std(ddof=1) / math.sqrt(x.size)
-    assert lo == pytest.approx(x.mean() - half, abs=0.1 * half)
-    assert hi == pytest.approx(x.mean() + half, abs=0.1 * half)
+def test_t_interval_of_three_values():
+    """Three values 1,000, 1,200, 1,400: mean 1,200, std 200, half-width 4.30 * 200 / sqrt(3) = 496.8."""
+    lo, hi = t_interval([1000, 1200, 1400])
+    half = T_975_DF2 * 200 / math.sqrt(3)
+    assert (lo, hi) == pytest.approx((1200 - half, 1200 + half))
+    assert lo == pytest.approx(703.2, abs=0.1) and hi == pytest.approx(1696.8, abs=0.1)
+
+
+def test_t_interval_has_its_stated_coverage_at_three_seeds():
+    """Normal draws of 3 values: the t-interval covers the true mean 95% of the time; the sample range (what a
+    percentile bootstrap of 3 values gives) only 75%."""
+    x = np.random.default_rng(0).normal(1000.0, 300.0, size=(4000, 3))
+    t_hits = [lo <= 1000.0 <= hi for lo, hi in map(t_interval, x)]
+    range_hits = (x.min(axis=1) <= 1000.0) & (1000.0 <= x.max(axis=1))
+    assert np.mean(t_hits) == pytest.approx(0.95, abs=0.015)
+    assert np.mean(range_hits) == pytest.approx(0.75, abs=0.03)
 
 
 def test_verdict_rule():
-    ours = summarize([2000, 2200])  # CI [2000, 2200]
-    assert verdict(ours, 2100) == "agrees"  # paper mean inside our CI
+    ours = summarize([2000, 2200])  # t-interval 2100 -+ 12.71 * 100 = [829, 3371]
+    assert verdict(ours, 2100) == "agrees"  # paper mean inside our interval
     assert verdict(ours, 7800, 6000, 9400) == "differs"
     assert verdict(ours, 5000, 1000, 3000) == "agrees"  # our mean inside the paper's range
-    assert verdict(summarize([7000]), 7300, 6000, 9200) == "agrees"  # n = 1: no CI, range still decides
+    assert verdict(summarize([7000]), 7300, 6000, 9200) == "agrees"  # n = 1: no interval, range still decides
     assert verdict(summarize([7000]), 7300) == "differs"
     assert verdict(summarize([]), 820, 600, 1200) == "n/a"
     assert verdict(ours, None) == "n/a"
+
+
+def test_verdict_flips_at_the_edge_of_the_t_interval_not_the_range():
+    """Three seeds 1,000, 1,200, 1,400 ([703, 1,697]): a paper mean of 1,600 lies outside their range (which a
+    bootstrap would have called the 95% CI) but inside the t-interval; 1,750 lies outside both."""
+    ours = summarize([1000, 1200, 1400])
+    assert verdict(ours, 1600) == "agrees"
+    assert verdict(ours, 1750) == "differs"
+    assert verdict(ours, 650) == "differs" and verdict(ours, 750) == "agrees"
 
 
 # ---- onsets of one run -------------------------------------------------------------------------
@@ -172,8 +192,8 @@ def test_table1_from_constructed_runs(sweep):
 
     ln = rows["ln lr 0.0006 wd 1"]
     assert ln.values("onset_grid") == [2000, 2200]
-    assert _ci(ln.summary("onset_grid")) == (2000.0, 2200.0)
-    assert ln.verdict == "differs"
+    assert _ci(ln.summary("onset_grid")) == pytest.approx((2100 - 1270.62, 2100 + 1270.62), abs=0.01)  # t(0.975, 1) = 12.706
+    assert ln.verdict == "differs"  # the paper's 7,800 lies outside [829, 3,371]
 
     rms = rows["rms lr 0.0006 wd 1"]
     assert rms.values("onset_grid") == [7000] and rms.failures("onset_grid") == 1
@@ -202,7 +222,7 @@ def test_cli_table_prints_and_writes_markdown_and_csv(sweep, tmp_path, monkeypat
     assert (fb["runs"], fb["seeds"], fb["onset_grid_n"], fb["onset_grid_failures"]) == ("4", "1 2 3 4", "4", "0")
     assert float(fb["onset_grid_mean"]) == 900.0 and float(fb["onset_grid_std"]) == pytest.approx(258.1988897)
     assert float(fb["onset_own_mean"]) == 852.5
-    assert 600 <= float(fb["onset_grid_ci_lo"]) < 900 < float(fb["onset_grid_ci_hi"]) <= 1200
+    assert (float(fb["onset_grid_t95_lo"]), float(fb["onset_grid_t95_hi"])) == pytest.approx((489.15, 1310.85), abs=0.01)
     assert (float(fb["paper_mean"]), float(fb["paper_min"]), float(fb["paper_max"]), fb["verdict"]) == (820, 600, 1200, "agrees")
     assert fb["presets"] == "fb sphere"
     rms = next(r for r in recs if r["config"] == "rms")

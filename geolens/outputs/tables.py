@@ -2,7 +2,7 @@
 
 Per configuration (runset.RunGroup) the onsets (or, for the uniform-attention tables, the peak
 test accuracies) of its seeds on the paper's evaluation grid and at the runs' own resolution,
-their summary (stats.Summary: mean, sample std, range, bootstrap 95% CI), failures, the matching
+their summary (stats.Summary: mean, sample std, range, Student-t 95% interval of the mean), failures, the matching
 published row (paper.PaperTable.match) and a verdict (stats.verdict on the grid values). The
 definitions are in docs/cli.md ("geolens table"); the CSV columns are documented there too.
 """
@@ -379,7 +379,7 @@ def _range(lo, hi, kind: str) -> str:
 def _ci(s: Summary, kind: str) -> str:
     if s.n == 0:
         return "-"
-    return "n<2: none" if s.n < 2 else f"[{_num(s.ci_lo, kind)}, {_num(s.ci_hi, kind)}]"
+    return "n<2: none" if s.n < 2 else f"[{_num(s.t95_lo, kind)}, {_num(s.t95_hi, kind)}]"
 
 
 def display(table: BuiltTable) -> tuple[list[str], list[list[str]]]:
@@ -387,11 +387,11 @@ def display(table: BuiltTable) -> tuple[list[str], list[list[str]]]:
     kind, rule = table.kind, table.rule
     if kind == "onset":
         headers = ["paper row", "geolens config", "lr", "wd", "seeds", f"onset (grid {rule.grid}) mean ± std", "min-max",
-                   "95% CI", "failures", "onset (own) mean ± std", ">= 0.99 held from", "x LayerNorm",
+                   "95% t-interval of mean", "failures", "onset (own) mean ± std", ">= 0.99 held from", "x LayerNorm",
                    "p earlier than LayerNorm (Holm)", "paper mean ± std", "paper min-max", "paper failures", "verdict"]
     else:
         headers = ["paper row", "geolens config", "lr", "wd", "seeds", f"peak test acc (grid {rule.grid}) mean ± std",
-                   "min-max", "95% CI", "full success", "peak (own) mean", "paper mean peak", "paper max peak",
+                   "min-max", "95% t-interval of mean", "full success", "peak (own) mean", "paper mean peak", "paper max peak",
                    "paper full success", "verdict"]
     out = []
     for row in table.rows:
@@ -432,7 +432,7 @@ def definitions(table: BuiltTable) -> str:
     op = ">=" if rule.inclusive else ">"
     what = (f"onset = first evaluated epoch with test accuracy {op} {rule.threshold:g}; grid = evaluated epochs that are "
             f"multiples of {rule.grid} (the paper's logging), own = every evaluated epoch; means, std (n - 1), range and "
-            f"the bootstrap 95% CI of the mean are over the seeds with an onset; failures = seeds with no onset within "
+            f"the 95% t-interval of the mean are over the seeds with an onset; failures = seeds with no onset within "
             f"their epochs; x LayerNorm = the mean grid onset over LayerNorm's (the table's LayerNorm row that differs "
             f"only in norm, readout, weight decay and initialisation: the same lr, task, attention and depth); "
             f"p earlier than LayerNorm = one-sided exact Mann-Whitney p-value that the grid onsets come earlier than "
@@ -440,10 +440,13 @@ def definitions(table: BuiltTable) -> str:
             if table.kind == "onset" else
             f"peak = highest test accuracy over the evaluated epochs that are multiples of {rule.grid} (grid) or over all "
             f"evaluated epochs (own); full success = peak test accuracy 1.0")
-    return (f"{what}. Verdict (on the grid): agrees when the paper's mean lies in our 95% CI or our mean in the paper's "
-            "min-max; differs otherwise; n/a when either side has no mean; open (N of M epochs) when our runs had a "
-            "smaller epoch budget than the paper's and more epochs could change the answer (seeds without an onset, or a "
-            "peak below the paper's).")
+    return (f"{what}. 95% t-interval of mean = mean ± t(0.975, n - 1) std / sqrt(n) (Student's t): 95% coverage at "
+            "every n >= 2 if the seeds' values are normally distributed, an assumption (not a percentile bootstrap: at "
+            "3 seeds that is their range, which covers a symmetric distribution's mean 75% of the time); none for "
+            "n < 2. Verdict (on the grid, mean against mean): agrees when the paper's mean lies in our 95% t-interval "
+            "of the mean or our mean in the paper's min-max; differs otherwise; n/a when either side has no mean; "
+            "open (N of M epochs) when our runs had a smaller epoch budget than the paper's and more epochs could "
+            "change the answer (seeds without an onset, or a peak below the paper's).")
 
 
 def to_markdown(table: BuiltTable, notes: list[str]) -> str:
