@@ -238,8 +238,8 @@ def test_precursor_columns_of_the_deep_engine_equal_the_hooked_ones():
         if col != "elapsed_s":
             assert rows["deep"][col] == pytest.approx(value, rel=2e-4, abs=1e-6, nan_ok=True), col
     # the per-layer columns, from the hooked model's own hook points
-    per_layer = ["attn_var_L1", "attn_var_L2"] + [f"{c}_L{l}" for l in (0, 1)
-                                                  for c in ("participation_resid", "participation_mlp", "wl_gini", "wl_top5")]
+    layer_columns = ("participation_resid", "participation_mlp", "wl_gini", "wl_top5")
+    per_layer = ["attn_var_L1", "attn_var_L2"] + [f"{c}_L{l}" for l in (0, 1) for c in layer_columns]
     assert all(c in rows["deep"] and rows["deep"][c] == rows["deep"][c] for c in per_layer)  # present, not NaN
     _, cache = model.run_with_cache(data.train[0])
     scores = cache["blocks.2.attn.hook_attn_scores"][:, :, -1]  # [N, H, key]

@@ -326,7 +326,8 @@ def test_a_forecast_rule_on_an_old_column_name_loads_under_the_new(tmp_path):
     rows = [{"epoch": e, "train_loss": 0.1, "train_acc": 1.0, "test_loss": 1.0, "test_acc": 0.5, "weight_norm": 1.0,
              "grad_norm": 0.1, "max_abs_logit": 1.0, "elapsed_s": 0.0, "erank_mlp": 30.0 - e} for e in (0, 10, 20)]
     write_metrics(run.metrics_csv, rows)
-    assert Run(run.path).summary()["forecast"] == "participation_mlp <= 20 fired at 10: onset expected ~310 (±40); no onset yet"
+    shown = Run(run.path).summary()["forecast"]
+    assert shown == "participation_mlp <= 20 fired at 10: onset expected ~310 (±40); no onset yet"
 
 
 # the bounded sphere groks on every one of these seeds within 600 epochs (onsets 110-280 with this code)

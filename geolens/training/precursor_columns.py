@@ -180,7 +180,7 @@ class PrecursorProbe:
             var = attention_logit_variance(eq_query_scores(model, self.eq_token), self.train_x)
             attn = torch.cat([var.mean()[None], var])
 
-        def layer(l: int) -> list[Tensor]:  # [participation_resid, participation_mlp, wl_gini, wl_top5] of l
+        def layer(l: int) -> list[Tensor]:  # [participation_resid, participation_mlp, wl_gini, wl_top5] of layer l
             wl = nan.expand(2) if self.order is None else wl_concentration(neuron_logit_map(model, l)[:, self.order])
             ranks = [participation_ratio(acts[f"blocks.{l}.{n}"]) for n in ("hook_resid_post", "mlp.hook_post")]
             return [torch.stack(ranks), wl]
