@@ -639,8 +639,9 @@ def precursors(
         raise GeoError(f"--horizon {horizon} must exceed --min-warning {min_warning}: an alarm in time comes between them")
     if min_warning < 0:
         raise GeoError(f"--min-warning {min_warning} must be >= 0 epochs")
+    names = _column_names(columns)
     groups, found = load_groups(runs)  # read once for every table below
-    check_columns(groups, _names(columns))
+    check_columns(groups, names)
     rows, notes, groups = precursor_rows(groups, found)
     folder = out or runs / "precursors"
     _print_rows(f"{runs}: precursors of the onset (onset_095)", COLUMNS, rows, notes)
@@ -649,7 +650,6 @@ def precursors(
     if spec is not None:
         paths += save_static(spec, folder, ("png",))
     if online:
-        names = _names(columns)
         more, more_found = load_groups(nongrokking) if nongrokking is not None else ([], [])
         more_found = [f"runs that did not grok ({nongrokking}): {note}" for note in more_found]
         negatives = nongrokking_runs(groups, more)
@@ -744,6 +744,18 @@ def _repeated_option(argv: list[str]) -> str | None:
 
 def _names(text: str | None) -> list[str] | None:
     return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
+
+def _column_names(text: str | None) -> list[str] | None:
+    """--columns' metrics columns under their present names, with a note on stderr for each old one."""
+    from geolens.runs.storage import current_column
+
+    names = _names(text)
+    for name in names or []:
+        if current_column(name) != name:
+            err.print(f"note: --columns {name} is the column now called {current_column(name)} (docs/metrics.md, "
+                      "\"Precursor columns\"); reading it as that")
+    return [current_column(n) for n in names] if names else names
 
 
 def _ints(text: str | None, flag: str) -> list[int] | None:

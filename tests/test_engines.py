@@ -238,8 +238,8 @@ def test_precursor_columns_of_the_deep_engine_equal_the_hooked_ones():
         if col != "elapsed_s":
             assert rows["deep"][col] == pytest.approx(value, rel=2e-4, abs=1e-6, nan_ok=True), col
     # the per-layer columns, from the hooked model's own hook points
-    per_layer = ["attn_var_L1", "attn_var_L2"] + [f"{c}_L{l}" for l in (0, 1) for c in ("erank_resid", "erank_mlp",
-                                                                                         "wl_gini", "wl_top5")]
+    layer_columns = ("participation_resid", "participation_mlp", "wl_gini", "wl_top5")
+    per_layer = ["attn_var_L1", "attn_var_L2"] + [f"{c}_L{l}" for l in (0, 1) for c in layer_columns]
     assert all(c in rows["deep"] and rows["deep"][c] == rows["deep"][c] for c in per_layer)  # present, not NaN
     _, cache = model.run_with_cache(data.train[0])
     scores = cache["blocks.2.attn.hook_attn_scores"][:, :, -1]  # [N, H, key]
@@ -248,7 +248,7 @@ def test_precursor_columns_of_the_deep_engine_equal_the_hooked_ones():
     from geolens.training.precursor_columns import participation_ratio
 
     x = cache["blocks.0.hook_resid_post"][:, -1]
-    assert rows["deep"]["erank_resid_L0"] == pytest.approx(float(participation_ratio(x)), rel=1e-4)
+    assert rows["deep"]["participation_resid_L0"] == pytest.approx(float(participation_ratio(x)), rel=1e-4)
 
 
 def test_an_empty_batch_and_a_wrong_shape():

@@ -296,6 +296,40 @@ def test_forecast_file_round_trip_and_refusals(tmp_path):
     assert watch.fired == 6000 and watch.describe() == "onset expected ~7,200 (±150) (wl_gini >= 0.4 at 6,000)"
 
 
+def test_a_forecast_rule_on_an_old_column_name_loads_under_the_new(tmp_path):
+    """A forecast file or run.json written when the participation ratios were erank_resid, erank_mlp (and
+    _L<l>) reads them under their present names, so it fires on the rows read_metrics gives."""
+    from dataclasses import asdict
+
+    from geolens.runs.forecast import Forecast
+    from geolens.runs.run import Run
+    from geolens.runs.runset import group_key
+    from geolens.runs.storage import RunDir, write_metrics
+
+    cfg = make_config("ln", p=23)
+    rules = [ThresholdRule("erank_mlp", "below", 20.0, 300.0, 40.0), ThresholdRule("erank_resid_L0", "above", 5.0, 9.0)]
+    path = write_forecasts(tmp_path / "f.json", [Forecast("ln ...", group_key(cfg), [1], r, 40.0, 90.0, 100)
+                                                 for r in rules], 100)
+    assert json.loads(path.read_text())["forecasts"][0]["rule"]["column"] == "erank_mlp"  # as an older geolens wrote it
+    got = [f.rule for f in read_forecasts(path)]
+    assert [r.column for r in got] == ["participation_mlp", "participation_resid_L0"]
+    assert got[0].describe() == "participation_mlp <= 20" and forecast_for(path, group_key(cfg)).rule == got[0]
+    assert ThresholdRule.from_dict(asdict(rules[1])) == got[1]
+    assert ThresholdRule.from_dict({**asdict(got[0]), "column": "wl_gini"}).column == "wl_gini"  # others unchanged
+    watch = ForecastWatch(got[0], [{"epoch": 0, "participation_mlp": 30.0}, {"epoch": 10, "participation_mlp": 19.0}])
+    assert watch.fired == 10
+    # a run that trained with such a rule: `geolens info`'s forecast line reads its run.json
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    run.write_header({"config": cfg.to_dict(), "engine": "fast", "n_train": 1, "n_test": 1, "status": "finished",
+                      "stop_reason": "completed", "forecast": asdict(rules[0])})
+    rows = [{"epoch": e, "train_loss": 0.1, "train_acc": 1.0, "test_loss": 1.0, "test_acc": 0.5, "weight_norm": 1.0,
+             "grad_norm": 0.1, "max_abs_logit": 1.0, "elapsed_s": 0.0, "erank_mlp": 30.0 - e} for e in (0, 10, 20)]
+    write_metrics(run.metrics_csv, rows)
+    shown = Run(run.path).summary()["forecast"]
+    assert shown == "participation_mlp <= 20 fired at 10: onset expected ~310 (±40); no onset yet"
+
+
 # the bounded sphere groks on every one of these seeds within 600 epochs (onsets 110-280 with this code)
 FORECAST_SWEEP = dict(task="add", p=23, d_model=32, n_heads=4, d_head=8, d_mlp=64, frac_train=0.8, lr=1e-2, epochs=600,
                       eval_every=10, checkpoints="every:600")

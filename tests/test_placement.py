@@ -190,7 +190,8 @@ def test_what_pre_norm_is_not_yet_served(tmp_path, geolens):
     run = Run(tmp_path / "pre")
     assert run.header["engine"] == "deep" and run.header["skipped_columns"] == {}
     last = run.metrics[-1]
-    assert all(last[c] == last[c] for c in ("attn_var", "erank_resid", "erank_mlp", "wl_gini", "wn_norm"))  # not NaN
+    not_nan = ("attn_var", "participation_resid", "participation_mlp", "wl_gini", "wn_norm")
+    assert all(last[c] == last[c] for c in not_nan)
     r = geolens("probe", "--run", tmp_path / "pre", "--step", 20)
     assert r.returncode == 0 and "L1H" in r.stdout, r.stderr
     assert "(layer 1 MLP)" in r.stdout and "│ layer 0 " in r.stdout and "│ layer 1 " in r.stdout  # a row per layer

@@ -167,7 +167,7 @@ def test_every_evaluation_of_a_fresh_run_fills_the_columns(tmp_path):
         assert r["loss_gap"] == pytest.approx(r["test_loss"] - r["train_loss"])
         assert math.sqrt(sum(r[f"wn_{g}"] ** 2 for g in ("embed", "attn", "mlp", "norm", "unembed"))) == \
             pytest.approx(r["weight_norm"], rel=1e-6)
-        assert 1 <= r["erank_resid"] <= cfg.d_model and 1 <= r["erank_mlp"] <= cfg.d_mlp
+        assert 1 <= r["participation_resid"] <= cfg.d_model and 1 <= r["participation_mlp"] <= cfg.d_mlp
         assert 0 <= r["wl_gini"] < 1 and 5 / 11 <= r["wl_top5"] <= 1
     # the last row, recomputed from the last checkpoint with the hooked model and plain torch
     model = GeoTransformer(cfg)
@@ -180,7 +180,7 @@ def test_every_evaluation_of_a_fresh_run_fills_the_columns(tmp_path):
     assert rows[-1]["logit_margin"] == pytest.approx(float((top2[:, 0] - top2[:, 1]).mean()), rel=1e-4)
     acts = cache["blocks.0.mlp.hook_post"][:, -1].double()
     eig = torch.linalg.eigvalsh(torch.cov(acts.T, correction=0))
-    assert rows[-1]["erank_mlp"] == pytest.approx(float(eig.sum() ** 2 / eig.pow(2).sum()), rel=1e-3)
+    assert rows[-1]["participation_mlp"] == pytest.approx(float(eig.sum() ** 2 / eig.pow(2).sum()), rel=1e-3)
     assert RunDir(res.path).read_header()["skipped_columns"] == {}
 
 
@@ -192,7 +192,8 @@ def test_skipped_columns_say_why(tmp_path):
     assert skipped["wl_gini"] == "S_4 composition has no cyclic Fourier basis"
     assert skipped["attn_var_h0"] == "uniform attention has no attention logits"
     rows = read_metrics(res.path / "metrics.csv")
-    assert all(math.isnan(r["wl_top5"]) and math.isnan(r["attn_var"]) and math.isfinite(r["erank_mlp"]) for r in rows)
+    assert all(math.isnan(r["wl_top5"]) and math.isnan(r["attn_var"]) and math.isfinite(r["participation_mlp"])
+               for r in rows)
 
 
 def test_multiplication_reads_w_l_in_discrete_log_order():
@@ -212,7 +213,41 @@ def test_a_run_recorded_before_the_columns_reads_and_resumes(tmp_path):
     resume(res.path, epochs=60, progress=False)
     rows = read_metrics(run.metrics_csv)
     assert [r["epoch"] for r in rows] == [0, 10, 20, 30, 40, 50, 60]
-    assert all("erank_mlp" not in r for r in rows[:5]) and all("erank_mlp" in r for r in rows[5:])
+    assert all("participation_mlp" not in r for r in rows[:5]) and all("participation_mlp" in r for r in rows[5:])
     lines = [line.split(",") for line in run.metrics_csv.read_text().splitlines()]
-    col = lines[0].index("erank_mlp")
-    assert lines[1][col] == "" and float(lines[-1][col]) == rows[-1]["erank_mlp"]  # empty before, filled after
+    col = lines[0].index("participation_mlp")
+    assert lines[1][col] == "" and float(lines[-1][col]) == rows[-1]["participation_mlp"]  # empty before, filled after
+
+
+def test_a_run_recorded_under_the_old_column_names_reads_and_resumes_under_the_new(tmp_path):
+    """erank_resid, erank_mlp and their per-layer columns (the names before the participation ratios were
+    called so) read as participation_resid, participation_mlp, ..._L<l>; resumed, the file takes the new names
+    and keeps the old rows' values."""
+    cfg = make_config("ln", epochs=40, eval_every=10, checkpoints="every:20", n_layers=2, **SMALL)
+    res = train(cfg, tmp_path / "run", progress=False)
+    run = RunDir(res.path)
+    new = read_metrics(run.metrics_csv)
+    header, body = run.metrics_csv.read_text().split("\n", 1)
+    assert {"participation_resid", "participation_mlp_L0"} <= set(header.split(",")) and "erank" not in header
+    old_header = header.replace("participation_", "erank_")
+    run.metrics_csv.write_text(old_header + "\n" + body)
+    assert {"erank_resid", "erank_mlp", "erank_resid_L0", "erank_mlp_L0"} <= set(old_header.split(","))
+    assert read_metrics(run.metrics_csv) == new  # the same keys, in the same order, and values
+    assert list(read_metrics(run.metrics_csv)[0]) == list(new[0])
+    resume(res.path, epochs=60, progress=False)
+    header = run.metrics_csv.read_text().split("\n", 1)[0]
+    assert "erank" not in header and header.split(",") == list(read_metrics(run.metrics_csv)[0])
+    assert read_metrics(run.metrics_csv)[:5] == new
+
+
+def test_committed_records_with_the_old_header_read_under_the_new_names():
+    from conftest import REPO
+
+    path = REPO / "results" / "depth" / "records" / "add" / "L2" / "ln_post" / "seed_1" / "metrics.csv"
+    lines = path.read_text().splitlines()
+    header, last = lines[0].split(","), lines[-1].split(",")
+    assert "erank_mlp_L0" in header  # recorded under the old names (committed records are not rewritten)
+    row = read_metrics(path)[-1]
+    assert not [k for k in row if "erank" in k]
+    assert row["participation_mlp_L0"] == float(last[header.index("erank_mlp_L0")])
+    assert row["participation_resid"] == float(last[header.index("erank_resid")])

@@ -66,7 +66,8 @@ def _run(path, seed, onset, gap_peak, epochs=3000):
              "test_acc": 0.97 if e >= onset else 0.1, "weight_norm": 10.0 + e / 1000, "grad_norm": 0.1,
              "max_abs_logit": min(e, onset) / 100, "elapsed_s": 0.0,
              "attn_var": 1.0 + max(0.0, 1 - abs(e - (onset - 300)) / 200),  # a bump peaking 300 epochs before
-             "erank_mlp": 20.0 - 10 * max(0.0, 1 - abs(e - (onset - 100)) / 100)} for e in range(0, epochs + 1, 10)]
+             "participation_mlp": 20.0 - 10 * max(0.0, 1 - abs(e - (onset - 100)) / 100)}
+            for e in range(0, epochs + 1, 10)]
     write_metrics(run.metrics_csv, rows)
     from geolens.runs.storage import atomic_write_json
 
@@ -80,7 +81,7 @@ def test_precursors_command_on_constructed_runs(tmp_path, geolens):
     assert r.returncode == 0, r.stderr
     md = (tmp_path / "out" / "precursors.md").read_text().splitlines()
     rows = {line.split(" | ")[1]: line.split(" | ") for line in md if line.startswith("| ln")}
-    recorded = {"test_loss", "loss_gap", "weight_norm", "logit_scale", "attn_var", "erank_mlp"}
+    recorded = {"test_loss", "loss_gap", "weight_norm", "logit_scale", "attn_var", "participation_mlp"}
     assert set(rows) == recorded  # the precursors these runs hold columns for
     # test loss peaks at 600 / 1,500 / 1,100 before onsets 1,000 / 2,000 / 1,500: leads 400, 500, 400
     assert rows["test_loss"][3:8] == ["3", "3", "1.00", "400", "400 to 450"] and rows["test_loss"][9] == "+1.00"
@@ -93,7 +94,7 @@ def test_precursors_command_on_constructed_runs(tmp_path, geolens):
     assert rows["logit_scale"][6] == "750"
     assert rows["attn_var"][3:8] == ["3", "3", "1.00", "300", "300 to 300"]  # the bump's top
     assert rows["attn_var"][8:10] == ["300 to 300 (75%)", "+1.00"]
-    assert rows["erank_mlp"][2:7] == ["trough", "3", "3", "1.00", "100"]  # the collapse's bottom
+    assert rows["participation_mlp"][2:7] == ["trough", "3", "3", "1.00", "100"]  # the collapse's bottom
     from geolens.outputs.plots import Line
     from geolens.outputs.precursor_table import fig_precursors, load_groups, precursor_rows
 
@@ -112,6 +113,28 @@ def test_precursors_command_on_constructed_runs(tmp_path, geolens):
     assert (tmp_path / "out" / "precursors.png").stat().st_size > 0
     csv_lines = (tmp_path / "out" / "precursors.csv").read_text().splitlines()
     assert csv_lines[0].startswith("configuration,precursor,rule,runs") and len(csv_lines) == 1 + len(recorded)
+
+
+def test_runs_recorded_under_the_old_column_names_give_the_same_tables(tmp_path, geolens):
+    """Runs whose metrics.csv says erank_mlp (the participation ratio's name before) give the tables of the same
+    runs recorded as participation_mlp, and `--columns erank_mlp` reads that column with a note."""
+    for seed, onset, peak in ((1, 1000, 600), (2, 2000, 1500), (3, 1500, 1100)):
+        for name in ("new", "old"):
+            _run(tmp_path / name / f"seed_{seed}", seed, onset, peak)
+        old = tmp_path / "old" / f"seed_{seed}" / "metrics.csv"
+        old.write_text(old.read_text().replace("participation_mlp", "erank_mlp"))
+    assert "erank_mlp" in old.read_text().splitlines()[0]
+    out = {}
+    for name, columns in (("new", "participation_mlp,attn_var"), ("old", "erank_mlp,attn_var")):
+        r = geolens("precursors", "--runs", tmp_path / name, "--out", tmp_path / f"out_{name}", "--online",
+                    "--min-warning", "50", "--columns", columns)
+        assert r.returncode == 0, r.stderr
+        out[name] = [(tmp_path / f"out_{name}" / f).read_text().replace(f"out_{name}", "").replace(f"/{name}", "")
+                     for f in ("precursors.md", "precursors_online.md")]
+        notes = [line for line in r.stderr.splitlines() if line.startswith("note:")]
+        assert notes == ([] if name == "new" else ["note: --columns erank_mlp is the column now called participation_mlp "
+                                                   "(docs/metrics.md, \"Precursor columns\"); reading it as that"])
+    assert out["old"] == out["new"] and "| participation_mlp |" in out["old"][1] and "erank" not in "".join(out["old"])
 
 
 def test_precursors_without_runs_is_one_line(tmp_path, geolens):

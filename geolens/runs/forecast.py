@@ -24,7 +24,7 @@ from pathlib import Path
 
 from geolens.errors import GeoError
 from geolens.model.config import GeoConfig
-from geolens.runs.storage import atomic_write_json
+from geolens.runs.storage import atomic_write_json, current_column
 
 FORMAT, FORMAT_VERSION = "geolens-forecast", 1
 DIRECTIONS = ("above", "below")
@@ -53,6 +53,12 @@ class ThresholdRule:
     def __post_init__(self):
         if self.direction not in DIRECTIONS:
             raise GeoError(f"a threshold rule's direction is 'above' or 'below', not {self.direction!r}")
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> ThresholdRule:
+        """A rule as asdict wrote it (a forecast file, run.json's "forecast"); a column renamed since reads
+        under its present name (storage.RENAMED_COLUMNS)."""
+        return cls(**{**fields, "column": current_column(fields["column"])})
 
     def fires(self, value: float | None) -> bool:
         if value is None:
@@ -123,8 +129,8 @@ def read_forecasts(path: str | Path) -> list[Forecast]:
         raise GeoError(f"{path} is forecast format version {data.get('format_version')}, this geolens reads "
                        f"{FORMAT_VERSION}; {fix}")
     try:
-        return [Forecast(**{**f, "rule": ThresholdRule(**f["rule"])}) for f in data["forecasts"]]
-    except (KeyError, TypeError) as e:
+        return [Forecast(**{**f, "rule": ThresholdRule.from_dict(f["rule"])}) for f in data["forecasts"]]
+    except (KeyError, TypeError, AttributeError) as e:
         raise GeoError(f"forecast file {path} is damaged ({e}); {fix}") from None
 
 

@@ -51,8 +51,8 @@ PRECURSORS = [
     Precursor("logit_scale", _column("max_abs_logit"), "crossing:0.5"),
     Precursor("logit_margin", _column("logit_margin"), "crossing:0.5"),
     Precursor("attn_var", _column("attn_var"), "peak"),
-    Precursor("erank_resid", _column("erank_resid"), "trough"),
-    Precursor("erank_mlp", _column("erank_mlp"), "trough"),
+    Precursor("participation_resid", _column("participation_resid"), "trough"),
+    Precursor("participation_mlp", _column("participation_mlp"), "trough"),
     Precursor("wl_gini", _column("wl_gini"), "crossing:0.5"),
     Precursor("wl_top5", _column("wl_top5"), "crossing:0.5"),
     Precursor("llc", _column("llc"), "peak"),  # checkpoint-derived: geolens.analysis.precursors.series_rows

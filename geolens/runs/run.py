@@ -218,7 +218,7 @@ class Run:
     def _forecast_text(self, rule: ThresholdRule | None, rows: list[dict], onset: int | None) -> str | None:
         """When and what the forecast rule forecast, beside the measured onset."""
         if rule is None and "forecast" in self.header:
-            rule = ThresholdRule(**self.header["forecast"])
+            rule = ThresholdRule.from_dict(self.header["forecast"])
         if rule is None:
             return None
         fired = rule.first_firing(rows)

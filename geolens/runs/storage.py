@@ -49,6 +49,17 @@ METRIC_COLUMNS = (
     "max_abs_logit",
     "elapsed_s",
 )
+#: metrics columns renamed since runs first recorded them, {old name: present name} (a per-layer column keeps its
+#: `_L<l>` suffix): read_metrics, forecast files and `geolens precursors --columns` read the old names as the new
+RENAMED_COLUMNS = {"erank_resid": "participation_resid", "erank_mlp": "participation_mlp"}
+
+
+def current_column(name: str) -> str:
+    """The present name of a metrics column (RENAMED_COLUMNS), e.g. 'erank_mlp_L0' -> 'participation_mlp_L0'."""
+    stem, suffix, layer = name.rpartition("_L")
+    if suffix and layer.isdigit() and stem in RENAMED_COLUMNS:
+        return RENAMED_COLUMNS[stem] + suffix + layer
+    return RENAMED_COLUMNS.get(name, name)
 
 
 _UMASK = os.umask(0)
@@ -205,9 +216,13 @@ def write_metrics(path: Path, rows: list[dict[str, float]]) -> None:
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
     """metrics.csv's rows: every METRIC_COLUMNS value (a GeoError if one is missing or not a number),
-    and the further columns a row has a value in (floats; NaN where a config skips one)."""
+    and the further columns a row has a value in (floats; NaN where a config skips one), under their present
+    names (a record of an earlier version may carry an old one: RENAMED_COLUMNS)."""
     try:
-        rows = list(csv.DictReader(io.StringIO(read_limited(path).decode("utf-8"), newline="")))
+        reader = csv.DictReader(io.StringIO(read_limited(path).decode("utf-8"), newline=""))
+        if reader.fieldnames:
+            reader.fieldnames = [current_column(k) for k in reader.fieldnames]
+        rows = list(reader)
         out = [{k: (int(r[k]) if k == "epoch" else float(r[k])) for k in METRIC_COLUMNS} for r in rows]
         for row, r in zip(out, rows):
             row.update({k: float(v) for k, v in r.items() if k not in row and v not in ("", None)})

@@ -9,13 +9,15 @@ At the evaluated state (the weights the epoch's training forward used), over the
     attn_var_h{h}  variance of the first layer's attention logits of the `=` query (pre-softmax
                    scores onto a, b and `=`) over every (train example, key) pair, head h; attn_var
                    their mean over heads. NaN with uniform attention (it has no scores).
-    attn_var_L{l}  (n_layers > 1) the same mean for layer l >= 1; erank_resid_L{l}, erank_mlp_L{l},
-                   wl_gini_L{l}, wl_top5_L{l} the columns below for layer l < n_layers - 1 (W_L of layer l:
-                   the direct path of its neurons to the logits)
-    erank_resid    participation ratio (sum_i l_i)^2 / sum_i l_i^2 of the eigenvalues l_i of the
+    attn_var_L{l}  (n_layers > 1) the same mean for layer l >= 1; participation_resid_L{l},
+                   participation_mlp_L{l}, wl_gini_L{l}, wl_top5_L{l} the columns below for layer
+                   l < n_layers - 1 (W_L of layer l: the direct path of its neurons to the logits)
+    participation_resid   participation ratio (sum_i l_i)^2 / sum_i l_i^2 of the eigenvalues l_i of the
                    covariance of the residual stream at `=` after the last block, over the train
                    examples (1 for one direction, k for k equal ones; from the Gram matrix, no
-                   eigendecomposition); erank_mlp the same for the last MLP's activations at `=`
+                   eigendecomposition); participation_mlp the same for the last MLP's activations at `=`.
+                   Recorded as erank_resid, erank_mlp before (storage.RENAMED_COLUMNS); not the
+                   analysis metric effective_rank (exp(entropy) of singular values)
     wl_gini        Gini coefficient of W_L's (neuron_logit_map) energy over the non-DC Fourier bins of the
                    task's cycle (model.spectrum.class_order: discrete-log order for mul), 0 for equal
                    bins, (K-1)/K for one; wl_top5 the share of its 5 strongest bins. NaN for S_n.
@@ -60,9 +62,10 @@ def column_names(cfg: GeoConfig) -> list[str]:
     heads = [f"attn_var_h{h}" for h in range(cfg.n_heads)]
     L = cfg.n_layers
     layers = [f"attn_var_L{l}" for l in range(1, L)]
-    layers += [f"{c}_L{l}" for l in range(L - 1) for c in ("erank_resid", "erank_mlp", "wl_gini", "wl_top5")]
-    return [f"wn_{g}" for g in GROUPS] + ["logit_rms", "logit_margin", "attn_var", *heads, "erank_resid",
-                                          "erank_mlp", "wl_gini", "wl_top5", *layers, "loss_gap"]
+    layers += [f"{c}_L{l}" for l in range(L - 1)
+               for c in ("participation_resid", "participation_mlp", "wl_gini", "wl_top5")]
+    return [f"wn_{g}" for g in GROUPS] + ["logit_rms", "logit_margin", "attn_var", *heads, "participation_resid",
+                                          "participation_mlp", "wl_gini", "wl_top5", *layers, "loss_gap"]
 
 
 def skipped_columns(cfg: GeoConfig) -> dict[str, str]:
@@ -165,9 +168,9 @@ class PrecursorProbe:
 
     @torch.no_grad()
     def values(self, model: GeoTransformer, logits: Float[Tensor, "N C"], acts: dict[str, Tensor]) -> Tensor:
-        """[logit_rms, logit_margin, attn_var, attn_var_h*, erank_resid, erank_mlp, wl_gini, wl_top5, then the
-        per-layer columns] at this state: logits the train logits, acts eq_activations of the train set (NaN
-        where skipped)."""
+        """[logit_rms, logit_margin, attn_var, attn_var_h*, participation_resid, participation_mlp, wl_gini,
+        wl_top5, then the per-layer columns] at this state: logits the train logits, acts eq_activations of the
+        train set (NaN where skipped)."""
         nan = logits.new_full((), float("nan"))
         H, L = self.cfg.n_heads, self.cfg.n_layers
         uniform = self.cfg.attention == "uniform"
@@ -177,7 +180,7 @@ class PrecursorProbe:
             var = attention_logit_variance(eq_query_scores(model, self.eq_token), self.train_x)
             attn = torch.cat([var.mean()[None], var])
 
-        def layer(l: int) -> list[Tensor]:  # [erank_resid, erank_mlp, wl_gini, wl_top5] of layer l
+        def layer(l: int) -> list[Tensor]:  # [participation_resid, participation_mlp, wl_gini, wl_top5] of layer l
             wl = nan.expand(2) if self.order is None else wl_concentration(neuron_logit_map(model, l)[:, self.order])
             ranks = [participation_ratio(acts[f"blocks.{l}.{n}"]) for n in ("hook_resid_post", "mlp.hook_post")]
             return [torch.stack(ranks), wl]

@@ -298,7 +298,7 @@ def _loop(run: RunDir, model, opt, start: int, rows: list, manifest: list, progr
     prev = run.read_header() if resumed else None
     header = run_header(cfg, engine.name, why, len(train_y), len(test_y), start, prev, device=dev)
     if forecast is None and prev and "forecast" in prev:
-        forecast = ThresholdRule(**prev["forecast"])
+        forecast = ThresholdRule.from_dict(prev["forecast"])
     if forecast is not None:
         header["forecast"] = asdict(forecast)
     member = Member(run, cfg, model, opt, rows, manifest, header, (prev or {}).get("timing", {}), claim)
