@@ -484,10 +484,12 @@
     });
     svg.innerHTML = parts.join("");
   }
-  // a panel at the current step: its plot (plotly) only when first shown or the axis mode or layer changed, then
-  // its step (marks, bars, cells, points and caption: no plotly call)
+  // what a panel's plot depends on: the curves on the axis mode, the per-step frames on the layer
+  const plotKey = (panel) => (panel.curve ? state.mode : `layer ${state.layer}`);
+  // a panel at the current step: its plot (plotly) only when first shown or its plotKey changed, then its step
+  // (marks, bars, cells, points and caption: no plotly call)
   function draw(panel) {
-    const div = document.getElementById(panel.id), key = `${state.mode}|${state.layer}`;
+    const div = document.getElementById(panel.id), key = plotKey(panel);
     if (div.dataset.key === key) {
       if (!div.dataset.note) panel.step(div);
       return null;
@@ -507,7 +509,7 @@
       if (!div._hooked) {
         div._hooked = true;
         if (panel.curve) div.on("plotly_click", (ev) => { if (ev.points.length) jumpTo(ev.points[0].x); });
-        div.on("plotly_afterplot", () => { if (div.dataset.key === `${state.mode}|${state.layer}`) panel.step(div); });
+        div.on("plotly_afterplot", () => { if (div.dataset.key === plotKey(panel)) panel.step(div); });
       }
       panel.step(div);
     });
