@@ -5,13 +5,15 @@
   seconds of the median of --reps runs (in this process: the trajectory read from the cache, the per-step
   matrices computed, the folder written),
 - a slider move in headless Chromium (Debian's `chromium`, playwright): the milliseconds from the move to every
-  panel redrawn (geolensExplorer.timedMove: the step set, one animation frame, every panel's redraw resolved),
+  panel redrawn and painted (geolensExplorer.setPosition: the step set, one animation frame, every panel's redraw
+  resolved; then a task queued after that frame, so the page's style, layout and paint of it count too),
   median and 90th percentile over --moves moves to random checkpoints (budget 100 ms median), and the CPU
   seconds the browser's processes spent per move (user + system of every Chromium process this launch started,
   psutil): on a loaded machine the wall time measures the load, the CPU time what a move costs.
 
     python benchmarks/bench_explorer.py --run RUN [--reps 3] [--moves 60] [--keep DIR]
-    python benchmarks/bench_explorer.py --page DIR [--moves 60]     # only the slider, on an explorer folder
+    python benchmarks/bench_explorer.py --page DIR [DIR2 ...] [--moves 60] [--rounds 1]   # only the slider
+        (several folders: each round times each folder in turn, so a reference page sees the same load)
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ def browser_cpu_s() -> float:
     return total
 
 
+MOVE = """async (pos) => { const t0 = performance.now(); await geolensExplorer.setPosition(pos);
+    await new Promise((resolve) => setTimeout(resolve, 0)); return performance.now() - t0; }"""
+
+
 def slider_ms(out: Path, moves: int, seed: int = 0) -> tuple[list[float], float]:
     """(milliseconds of each of `moves` slider moves to random other checkpoints, after 3 warm-up moves; the
     browser's CPU milliseconds per move)."""
@@ -67,7 +73,7 @@ def slider_ms(out: Path, moves: int, seed: int = 0) -> tuple[list[float], float]
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.goto((out / "index.html").resolve().as_uri())
+        page.goto((out / "index.html").resolve().as_uri(), timeout=300_000)
         page.wait_for_function("document.body.dataset.rendered", timeout=300_000)
         n = page.evaluate("geolensExplorer.state.positions.length")
         rng, pos, times = random.Random(seed), n - 1, []
@@ -75,7 +81,7 @@ def slider_ms(out: Path, moves: int, seed: int = 0) -> tuple[list[float], float]
             if i == 3:
                 cpu0 = browser_cpu_s()
             pos = rng.choice([j for j in range(n) if j != pos])
-            ms = page.evaluate(f"geolensExplorer.timedMove({pos})")
+            ms = page.evaluate(MOVE, pos)
             if i >= 3:
                 times.append(ms)
         cpu = (browser_cpu_s() - cpu0) / moves * 1000
@@ -84,17 +90,20 @@ def slider_ms(out: Path, moves: int, seed: int = 0) -> tuple[list[float], float]
 
 
 def print_slider(out: Path, moves: int) -> None:
+    load = os.getloadavg()[0]
     times, cpu = slider_ms(out, moves)
     times.sort()
     p90 = times[int(0.9 * (len(times) - 1))]
-    print(f"slider move, every panel redrawn: median {statistics.median(times):.0f} ms wall, 90th percentile {p90:.0f} ms "
-          f"({len(times)} moves); browser CPU {cpu:.0f} ms per move; load average after {os.getloadavg()[0]:.1f}")
+    print(f"{out}: slider move, every panel redrawn: median {statistics.median(times):.0f} ms wall, 90th percentile "
+          f"{p90:.0f} ms ({len(times)} moves); browser CPU {cpu:.0f} ms per move; load average {load:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after")
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", type=Path)
-    ap.add_argument("--page", type=Path, help="an explorer folder: time only its slider (geolens is not imported)")
+    ap.add_argument("--page", type=Path, nargs="+", help="explorer folders: time only their sliders (geolens is not imported)")
+    ap.add_argument("--rounds", type=int, default=1, help="with --page: time every folder this many times, in turn")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--moves", type=int, default=60)
     ap.add_argument("--keep", type=Path, default=None, help="write the explorer here (default: a temporary folder)")
@@ -102,8 +111,10 @@ def main(argv=None) -> None:
     if (args.run is None) == (args.page is None):
         ap.error("give --run RUN or --page DIR")
     if args.page is not None:
-        print(f"page {args.page}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        print_slider(args.page, args.moves)
+        print(f"{os.cpu_count()} cores")
+        for _ in range(args.rounds):
+            for page in args.page:
+                print_slider(page, args.moves)
         return
     from geolens.analysis.trajectory import analyze_run
     from geolens.runs.run import load_run

@@ -84,10 +84,43 @@ class Page:
                         Math.abs(Number(c.getAttribute("cy")) - ya._offset - ya.c2p(Number(c.dataset.y))) < 0.5}));
         }""", panel)
 
-    def plot(self, panel: str) -> dict:
-        """A plotly panel's data (its traces) and title."""
-        return self.page.evaluate("""(id) => { const div = document.getElementById(id);
-            return {data: JSON.parse(JSON.stringify(div.data)), title: div.layout.title.text}; }""", panel)
+    def drawn(self, panel: str) -> dict:
+        """What a per-step panel drew at the step: its record (step: what the page drew, geolensExplorer.drawn), its
+        caption, its rects (bars, cells) with their data-* and whether each sits where plotly's axes put its label
+        (bars: from 0 to the value; cells: one unit around their labels, coloured as the colour bar says), whether its
+        canvas spans the plot area, and the canvas's pixel rows (bottom first) where it is one pixel per cell."""
+        return self.page.evaluate("""(id) => {
+            const div = document.getElementById(id), xa = div._fullLayout.xaxis, ya = div._fullLayout.yaxis;
+            const at = (ax, label) => ax._offset + ax.c2p(ax.ticktext && ax.ticktext.includes(label) ?
+                                                          ax.tickvals[ax.ticktext.indexOf(label)] : Number(label));
+            const near = (a, b) => Math.abs(a - b) < 0.5;
+            const rgb = (c) => c[0] === "#" ? [1, 3, 5].map((j) => parseInt(c.slice(j, j + 2), 16)) : c.match(/[0-9.]+/g).slice(0, 3).map(Number);
+            const colour = (v) => {  // the colour bar's colour at v (its scale: plotly's, linear between stops)
+                const s = div._fullData[0].marker.colorscale, j = Math.max(1, s.findIndex((t) => t[0] >= v));
+                const [a, b] = [s[j - 1], s[j]], w = (v - a[0]) / (b[0] - a[0]);
+                return rgb(a[1]).map((x, c) => x + w * (rgb(b[1])[c] - x));
+            };
+            const sameColour = (a, b) => a.every((x, c) => Math.abs(x - b[c]) <= 1.5);
+            const rects = Array.from(div.querySelectorAll("svg.step-layer-svg rect")).map((el) => {
+                const [x, w, y, h] = ["x", "width", "y", "height"].map((a) => Number(el.getAttribute(a)));
+                const d = el.dataset, value = Number(d.value);
+                const vertical = d.y === "" ? near(Math.min(at(ya, 0), at(ya, value)), y) && near(Math.abs(at(ya, 0) - at(ya, value)), h)
+                                            : near(y + h / 2, at(ya, d.y)) && near(h, Math.abs(ya.c2p(1) - ya.c2p(0)));
+                const coloured = d.y === "" || sameColour(rgb(el.getAttribute("fill")), colour(value));
+                return {x: d.x, y: d.y, value: value, placed: near(x + w / 2, at(xa, d.x)) && vertical, coloured: coloured};
+            });
+            const cv = div.querySelector("canvas.step-layer-canvas"), box = cv && cv.getBoundingClientRect(), plot = div.getBoundingClientRect();
+            const step = geolensExplorer.drawn(id);
+            let pixels = null;  // [row from the bottom][column]: whether the pixel has the colour bar's colour of the value
+            if (cv && step.z) {
+                const px = cv.getContext("2d").getImageData(0, 0, cv.width, cv.height).data;
+                pixels = step.z.map((row, j) => row.map((v, f) => sameColour(Array.from(px.slice(
+                    4 * ((cv.height - 1 - j) * cv.width + f), 4 * ((cv.height - 1 - j) * cv.width + f) + 3)), colour(v))));
+            }
+            return {step: step, caption: div.previousElementSibling.textContent, rects: rects, pixels: pixels,
+                    canvas: cv ? {width: cv.width, height: cv.height, placed: near(box.left - plot.left, xa._offset) &&
+                                  near(box.top - plot.top, ya._offset) && near(box.width, xa._length) && near(box.height, ya._length)} : null};
+        }""", panel)
 
     def close(self) -> None:
         self.page.close()
@@ -120,29 +153,37 @@ def check_views(page: Page, trajs, layer: int, onsets: list[int] | None = None) 
         wn = mark(page.marks("p-precursors"), i, "weight_norm")
         assert wn["value"] == pytest.approx(row["weight_norm"])
 
-        spectrum = page.plot(f"p-wl_spectrum-{i}")
-        assert spectrum["data"][0]["y"] == pytest.approx([v["wl_spectrum"][f"wl_spectrum_{f}"]
-                                                          for f in range(1, len(v["wl_spectrum"]) + 1)])
-        assert f"@ {step}" in spectrum["title"]
-        red = [f for f, c in zip(spectrum["data"][0]["x"], spectrum["data"][0]["marker"]["color"]) if c == "#d62728"]
-        assert sorted(red) == sorted(traj.keys)
-        dla = page.plot(f"p-dla-{i}")["data"][0]
-        assert dict(zip(dla["x"], dla["y"])) == pytest.approx({k[4:]: x for k, x in v["dla"].items() if k[4:] in dla["x"]})
+        spectrum = page.drawn(f"p-wl_spectrum-{i}")
+        want = [v["wl_spectrum"][f"wl_spectrum_{f}"] for f in range(1, len(v["wl_spectrum"]) + 1)]
+        assert spectrum["step"]["y"] == pytest.approx(want) and spectrum["step"]["step"] == step
+        assert [r["value"] for r in spectrum["rects"]] == pytest.approx(want)
+        assert [int(r["x"]) for r in spectrum["rects"]] == list(range(1, len(want) + 1))
+        assert all(r["placed"] for r in spectrum["rects"])
+        assert f"@ {step}" in spectrum["caption"]
+        assert sorted(spectrum["step"]["keys"]) == sorted(traj.keys)
+        dla = page.drawn(f"p-dla-{i}")["rects"]
+        assert {r["x"]: r["value"] for r in dla} == pytest.approx({k[4:]: x for k, x in v["dla"].items() if k[4:] in [r["x"] for r in dla]})
+        assert len(dla) >= traj.run.config.n_heads + 2 and all(r["placed"] for r in dla)
         own = min(layer, traj.run.config.n_layers - 1)
-        attn = page.plot(f"p-attn-{i}")["data"][0]
-        assert [z for row in attn["z"] for z in row] == pytest.approx(
-            [v["attn_eq"][f"attn_eq_{p}_L{own}H{h}"] for h in range(traj.run.config.n_heads) for p in ("a", "b", "eq")])
-        circles = page.plot(f"p-circles-{i}")["data"][0]["meta"]
-        assert circles["freqs"] == traj.keys
-        assert circles["shares"] == pytest.approx([v["embed_circles"][f"embed_circle_share_{r + 1}"]
-                                                   for r in range(len(traj.keys))], rel=1e-5)
-        heat = page.plot(f"p-neurons-{i}")["data"][0]
+        attn = page.drawn(f"p-attn-{i}")
+        assert attn["step"]["layer"] == own and f"layer {own} @ {step}" in attn["caption"]
+        assert {(r["y"], r["x"]): r["value"] for r in attn["rects"]} == pytest.approx(
+            {(f"H{h}", key): v["attn_eq"][f"attn_eq_{p}_L{own}H{h}"]
+             for h in range(traj.run.config.n_heads) for p, key in (("a", "a"), ("b", "b"), ("eq", "="))})
+        assert all(r["placed"] and r["coloured"] for r in attn["rects"])
+        circles = page.drawn(f"p-circles-{i}")
+        assert circles["step"]["freqs"] == traj.keys and circles["canvas"]["placed"]
+        assert circles["step"]["shares"] == pytest.approx([v["embed_circles"][f"embed_circle_share_{r + 1}"]
+                                                           for r in range(len(traj.keys))], rel=1e-5)
+        heat = page.drawn(f"p-neurons-{i}")
         ctx = AnalysisContext(traj.run.model_at(step), traj.run.config_at(step), traj.run.dataset)
         shares = neuron_freq_shares(ctx.frame.grid(ctx.eq[f"blocks.{own}.mlp.hook_post"]))[0]
-        drawn = {int(name[1:]): z for name, z in zip(heat["y"], heat["z"])}
-        assert sorted(drawn) == list(range(traj.run.config.d_mlp))
+        assert heat["step"]["layer"] == own and heat["step"]["step"] == step
+        assert heat["canvas"] == {"width": shares.shape[1], "height": shares.shape[0], "placed": True}
+        assert sorted(heat["step"]["order"]) == list(range(traj.run.config.d_mlp))
+        assert all(all(row) for row in heat["pixels"])  # every cell drawn in its value's colour, in the order
         scale = float(shares.max())
-        for n, z in drawn.items():
+        for n, z in zip(heat["step"]["order"], heat["step"]["z"]):
             assert z == pytest.approx(shares[n].tolist(), abs=scale / 510 + 1e-6)
 
 
@@ -162,6 +203,9 @@ def test_opens_from_file_with_no_error_and_no_network(page):
 
 
 def test_slider_redraws_every_panel_at_the_step(page, trajs):
+    page.page.evaluate("""() => { window.plotlyCalls = 0;  // a move draws on plotly's axes and calls no plotly
+        for (const f of ["react", "newPlot", "restyle", "relayout", "update", "animate"]) {
+            const orig = Plotly[f]; Plotly[f] = (...a) => { window.plotlyCalls++; return orig(...a); }; } }""")
     page.page.fill("#step", "1")
     page.wait(1)
     assert [page.shown(i) for i in range(2)] == [1, 1]
@@ -172,7 +216,7 @@ def test_slider_redraws_every_panel_at_the_step(page, trajs):
     page.page.keyboard.press("End")
     page.wait(3)
     check_views(page, trajs, layer=1)
-    assert page.errors == []
+    assert page.errors == [] and page.page.evaluate("window.plotlyCalls") == 0
 
 
 def test_layer_selector_switches_the_layer_views(page, trajs):
