@@ -5,6 +5,8 @@ bounds its checkpoints, and its analysis folder holds plotly.js once, shared by 
 import json
 from pathlib import Path
 
+from conftest import REPO
+
 from geolens import cli
 from geolens.model.config import make_config
 from geolens.model.schedule import parse_schedule
@@ -31,7 +33,7 @@ def test_the_demo_keeps_at_most_31_checkpoints_at_round_epochs(tmp_path):
     cfg = make_config(**cli.DEMO)
     kept = kept_epochs(cfg)
     assert len(kept) == 31 and kept[:3] == [0, 100, 200]
-    assert {400, 800, 2000} <= set(kept)  # barrier, probe and llc-calibrate as the README writes them
+    assert {400, 800, 2000} <= set(kept)  # round epochs: the README's example steps are checkpoints of the demo
     save_tensors(tmp_path / "w.safetensors", GeoTransformer(cfg).state_dict(), {"step": "0"})
     weights = (tmp_path / "w.safetensors").stat().st_size
     assert 0.9 * MB < weights < 0.92 * MB
@@ -71,3 +73,11 @@ def test_the_demo_writes_report_and_explorer_with_one_plotly(geolens, monkeypatc
     assert r.returncode == 0, r.stderr
     assert "reusing the finished demo run" in r.stdout
     assert plotly_copies(out) == [analysis / "plotly.min.js"]
+
+
+def test_the_measured_demo_directory_is_within_the_budget():
+    """The record docs/run-format.md embeds (benchmarks/bench_storage.py --run): a demo run trained and analysed
+    at a committed geolens, measured with du -sb."""
+    sizes = json.loads((REPO / "results" / "storage" / "demo_run.json").read_text())
+    assert sizes["du_sb"] <= 50 * MB and sizes["plotly_copies"] == 1 and sizes["checkpoints"] <= 31
+    assert "<!-- table: results/storage/demo_run.md -->" in (REPO / "docs" / "run-format.md").read_text()
