@@ -3,9 +3,12 @@
 Trains the paper's model (fb, p = 113) for 100 epochs with a checkpoint every 10 epochs under the default
 policy and under `keep=all`, measures each kind of file (`du -b` of the files), and computes from those sizes
 what a run of C checkpoints and R evaluations holds (default: the demo's 54 checkpoints and 271 evaluations,
-docs/results.md). Writes OUT/sizes.md and OUT/sizes.json.
+docs/results.md). Writes OUT/sizes.md and OUT/sizes.json. With --run DIR it also measures that run directory
+(the demo's, trained and analysed: `geolens demo --out DIR`) part by part, as `du -sb DIR` counts it, into
+OUT/demo_run.md and OUT/demo_run.json.
 
     python benchmarks/bench_storage.py --out results/storage
+    python benchmarks/bench_storage.py --out results/storage --checkpoints 23 --rows 220 --run runs/demo
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -45,11 +49,61 @@ def estimate(sizes: dict, checkpoints: int, rows: int, full: int) -> float:
             + rows * sizes["metrics_row"] + sizes["small"])
 
 
+#: the parts of a run directory, each file counted in the first part whose pattern matches its whole path (the rest,
+#: and hidden files: OTHER)
+PARTS = (("`checkpoints/step_*.safetensors` (weights)", "checkpoints/step_*.safetensors"),
+         ("`checkpoints/optim_*.safetensors` (optimizer state)", "checkpoints/optim_*.safetensors"),
+         ("`checkpoints/manifest.json`", "checkpoints/manifest.json"),
+         ("`resume.safetensors` (the newest full state)", "resume.safetensors"),
+         ("`metrics.csv`, `events.json`, `run.json`", "*.*"),
+         ("`analysis/plotly.min.js` (shared by the report and the explorer)", "analysis/plotly.min.js"),
+         ("`analysis/report.html`", "analysis/report.html"),
+         ("`analysis/figures/` (PNG and SVG)", "analysis/figures/*"),
+         ("`analysis/explorer/` (index.html, explorer.js, data.js)", "analysis/explorer/*"),
+         ("`analysis/metrics.csv`", "analysis/metrics.csv"),
+         ("`analysis/cache/` (one JSON per checkpoint)", "analysis/cache/*"))
+OTHER = "other files (the writers' lock files)"
+BANNER = b"* plotly.js v"  # plotly.min.js's first lines
+
+
+def run_parts(run: Path) -> dict:
+    """Bytes and file count of each part of a run directory (PARTS), `du -sb` of the whole, the folders' own share
+    (what du counts beyond the files), how many files hold plotly.js, the checkpoints."""
+    files = sorted(f for f in run.rglob("*") if f.is_file())
+    parts = {label: {"files": 0, "bytes": 0} for label, _ in (*PARTS, (OTHER, ""))}
+    for f in files:
+        rel = f.relative_to(run)
+        label = next((label for label, pattern in PARTS if not rel.name.startswith(".")
+                      and len(rel.parts) == pattern.count("/") + 1 and rel.match(pattern)),
+                     OTHER)
+        parts[label]["files"] += 1
+        parts[label]["bytes"] += f.stat().st_size
+    du = int(subprocess.run(["du", "-sb", str(run)], capture_output=True, text=True, check=True).stdout.split()[0])
+    header = json.loads((run / "run.json").read_text())
+    return {"parts": {k: v for k, v in parts.items() if v["files"]}, "du_sb": du,
+            "folders": du - sum(f.stat().st_size for f in files),
+            "plotly_copies": sum(BANNER in f.read_bytes()[:200_000] for f in files),
+            "checkpoints": parts[PARTS[0][0]]["files"], "schedule": header["config"]["checkpoints"],
+            "final_epoch": json.loads((run / "events.json").read_text()).get("final_epoch"),
+            "trained_at": [s.get("geolens_commit") for s in header.get("segments", [])]}
+
+
+def run_table(m: dict, command: str) -> str:
+    lines = ["| part of the run directory | files | bytes |", "| --- | --- | --- |"]
+    lines += [f"| {label} | {v['files']} | {v['bytes']:,} |" for label, v in m["parts"].items()]
+    lines += [f"| the folders themselves (what `du` counts beyond the files) | | {m['folders']:,} |",
+              f"| **`du -sb`** | | **{m['du_sb']:,}** ({m['du_sb'] / MB:.1f} MB, {m['du_sb'] / MIB:.1f} MiB) |",
+              "", f"`{command}`: {m['checkpoints']} checkpoints (`{m['schedule']}`, final epoch {m['final_epoch']:,}), "
+              f"files holding plotly.js: {m['plotly_copies']}; trained at geolens {', '.join(c or 'unknown' for c in m['trained_at'])}."]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--checkpoints", type=int, default=54, help="checkpoints of the run to estimate (the demo's)")
     ap.add_argument("--rows", type=int, default=271, help="evaluations of the run to estimate (the demo's)")
+    ap.add_argument("--run", type=Path, help="also measure this run directory part by part (OUT/demo_run.md)")
     args = ap.parse_args()
     measured = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,6 +135,12 @@ def main() -> None:
     atomic_write_json(args.out / "sizes.json", {"commit": commit, "measured": measured, "estimate": demo,
                                                 "checkpoints": args.checkpoints, "rows": args.rows})
     print("\n".join(lines))
+    if args.run is not None:
+        parts = run_parts(args.run)
+        table = run_table(parts, f"geolens demo --out {args.run}; du -sb {args.run}")
+        atomic_write_bytes(args.out / "demo_run.md", table.encode())
+        atomic_write_json(args.out / "demo_run.json", {"commit": commit, "run": str(args.run), **parts})
+        print(table)
 
 
 if __name__ == "__main__":

@@ -230,7 +230,10 @@ def fork(
     _print_summary(result.path)
 
 
-DEMO = dict(preset="fb", task="add", p=113, lr=6e-4, seed=1, data_seed=1, epochs=3000, early_stop_after=300)
+#: the demo's run; a checkpoint every 100 epochs (at most 31, 23 when it stops at 2,190) keeps its run directory,
+#: analysis and explorer included, under 50 MB (docs/run-format.md, "The demo's run directory")
+DEMO = dict(preset="fb", task="add", p=113, lr=6e-4, seed=1, data_seed=1, epochs=3000, early_stop_after=300,
+            checkpoints="every:100")
 
 
 @app.command()
@@ -238,8 +241,9 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), help="Run directory (reused if it already holds the demo run)."),
     quiet: bool = typer.Option(False, help="No progress bars."),
 ) -> None:
-    """The main job: train the default run (fully bounded sphere, Z_113 addition, lr 6e-4, seed 1,
-    early stop 300 epochs after test accuracy holds >= 0.99), analyse its trajectory, write the report."""
+    """The main job: train the default run (fully bounded sphere, Z_113 addition, lr 6e-4, seed 1, a checkpoint
+    every 100 epochs, early stop 300 epochs after test accuracy holds >= 0.99), analyse its trajectory, write the
+    report and the explorer."""
     from geolens.analysis.trajectory import analyze_run
     from geolens.outputs.report import write_report
     from geolens.runs.run import load_run
@@ -252,7 +256,8 @@ def demo(
         training.train(cfg, out, progress=not quiet)
     else:
         header = run_dir.read_header()
-        if {**header["config"], "keep": cfg.keep} != cfg.to_dict():  # the storage policy is not the run's identity
+        # neither the storage policy nor the checkpoint schedule (an earlier demo's was adaptive) is the run's identity
+        if {**header["config"], "keep": cfg.keep, "checkpoints": cfg.checkpoints} != cfg.to_dict():
             raise GeoError(f"{out} holds a different run; choose another --out for the demo")
         if header.get("status") != "finished":
             training.resume(out, progress=not quiet)
@@ -261,8 +266,10 @@ def demo(
             console.print(f"reusing the finished demo run in {out}")
     traj = analyze_run(load_run(out), progress=not quiet)
     report = write_report(traj)
+    explorer = _explorer_beside(traj, report)
     _print_summary(out)
     console.print(f"report: {report}")
+    console.print(f"explorer: {explorer}")
 
 
 @app.command()
@@ -375,8 +382,9 @@ def analyze(
                                        "default RUN/analysis. Use it for a read-only run."),
     llc: str = typer.Option("", help="SGLD settings of the llc metric, e.g. lr=1e-7,n_beta=1000,draws=20000 (fields of "
                             "LLCSettings; the rest DEFAULT_LLC's, calibrated on fb: docs/landscape.md)."),
-    explorer: bool = typer.Option(True, help="Also write the trajectory explorer (analysis/explorer/index.html; "
-                                  "`geolens explore` for several runs)."),
+    explorer: bool = typer.Option(True, help="Also write the trajectory explorer (analysis/explorer/index.html, "
+                                  "sharing the report's plotly.min.js; `geolens explore` for several runs or a folder "
+                                  "that stands alone)."),
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
     """Evaluate metrics at every checkpoint (cached), write analysis/metrics.csv, analysis/report.html and the
@@ -403,14 +411,21 @@ def analyze(
     console.print(f"{len(traj.steps)} checkpoints, {traj.computed} metric evaluations computed "
                   f"(the rest from cache); table {traj.out / 'metrics.csv'}; report {report}")
     if explorer:
-        from geolens.outputs.explorer import write_explorer
-
-        console.print(f"explorer: {write_explorer([traj], traj.out / 'explorer')}")
+        console.print(f"explorer: {_explorer_beside(traj, report)}")
     by_reason: dict[str, list[str]] = {}
     for name, reason in traj.skipped.items():  # one line per reason: a pre-norm run skips most metrics alike
         by_reason.setdefault(reason, []).append(name)
     for reason, names in by_reason.items():
         console.print(f"skipped {', '.join(names)}: {reason}")
+
+
+def _explorer_beside(traj, report: Path) -> Path:
+    """The explorer of `analyze` and `demo`, TRAJ.out/explorer/index.html: it loads the report's plotly.min.js
+    (../plotly.min.js), so that an analysis folder holds plotly.js once (docs/run-format.md)."""
+    from geolens.outputs.explorer import write_explorer
+    from geolens.outputs.plots import PLOTLY_JS
+
+    return write_explorer([traj], traj.out / "explorer", plotly=report.parent / PLOTLY_JS)
 
 
 @app.command()

@@ -271,3 +271,23 @@ def test_shipped_runs_side_by_side_relative_to_their_onsets(browser, tmp_path):
     check_views(page, trajs, layer=0, onsets=onsets)
     assert page.errors == [] and all(u.startswith("file://") for u in page.requests)
     page.close()
+
+
+def test_analyzes_report_and_explorer_load_one_shared_plotly_from_file(browser, trajs, tmp_path, geolens):
+    """`geolens analyze` writes plotly.js once: report.html loads plotly.min.js beside it, the explorer
+    ../plotly.min.js; both draw from file:// with no error and no network request."""
+    r = geolens("analyze", "--run", trajs[0].run.path, "--out", tmp_path / "a", "--static", "", "--quiet")
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "a" / "explorer" / "plotly.min.js").exists()
+    page = Page(browser, tmp_path / "a" / "explorer")
+    assert page.errors == [] and all(u.startswith("file://") for u in page.requests)
+    assert any(u.endswith("/a/plotly.min.js") for u in page.requests)
+    page.close()
+    report, errors, requests = browser.new_page(), [], []
+    report.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    report.on("pageerror", lambda e: errors.append(str(e)))
+    report.on("request", lambda q: requests.append(q.url))
+    report.goto((tmp_path / "a" / "report.html").as_uri())
+    report.wait_for_function("document.querySelectorAll('.plotly-graph-div .main-svg').length >= 5", timeout=TIMEOUT_MS)
+    assert errors == [] and all(u.startswith("file://") for u in requests)
+    report.close()

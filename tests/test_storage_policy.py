@@ -215,7 +215,7 @@ def test_run_format_embeds_the_measured_sizes():
     spec.loader.exec_module(embed)
     text = (REPO / "docs" / "run-format.md").read_text()
     refreshed, count = embed.embed(text)
-    assert count == 1 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/run-format.md
+    assert count == 2 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/run-format.md
 
 
 def test_analysis_commands_name_the_checkpoint_they_use_or_replay_exactly(parent, tmp_path, geolens):

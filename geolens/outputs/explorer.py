@@ -3,7 +3,8 @@
 The folder opens from file:// with no network and no server:
     index.html      the page (explorer_assets/index.html with the title and the runs' summaries)
     explorer.js     the step control and every panel (explorer_assets/explorer.js)
-    plotly.min.js   plotly.js from the installed plotly package (no CDN)
+    plotly.min.js   plotly.js from the installed plotly package (no CDN); the explorer `geolens analyze` writes
+                    beside its report loads the analysis folder's shared copy instead (../plotly.min.js)
     data.js         the runs' numbers as one script (Chromium does not let a file:// page fetch local JSON):
                     window.GEOLENS_EXPLORER = {title, clock_pizza, runs: [explorer_data.run_payload, ...]}
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from importlib import resources
 from pathlib import Path
 from string import Template
@@ -19,14 +21,10 @@ from string import Template
 from geolens.analysis.trajectory import Trajectory
 from geolens.errors import GeoError
 from geolens.outputs.explorer_data import run_payload
+from geolens.outputs.plots import PLOTLY_JS, plotly_js
 from geolens.runs.storage import atomic_write_bytes
 
-FILES = ("index.html", "explorer.js", "plotly.min.js", "data.js")
-
-
-def plotly_js() -> bytes:
-    """plotly.min.js of the installed plotly package."""
-    return resources.files("plotly").joinpath("package_data", "plotly.min.js").read_bytes()
+FILES = ("index.html", "explorer.js", PLOTLY_JS, "data.js")
 
 
 def asset(name: str) -> str:
@@ -56,8 +54,10 @@ def check_out(out: Path) -> None:
         raise GeoError(f"{out} exists and holds other files than an explorer page; choose a new or empty --out folder")
 
 
-def write_explorer(trajs: list[Trajectory], out: str | Path) -> Path:
-    """Write the explorer folder of these trajectories (each from analyze_run) to `out`; returns index.html."""
+def write_explorer(trajs: list[Trajectory], out: str | Path, plotly: Path | None = None) -> Path:
+    """Write the explorer folder of these trajectories (each from analyze_run) to `out`; returns index.html.
+    plotly: a plotly.min.js outside `out` for the page to load by its relative path (the report's, shared: the
+    folder then opens only beside it) instead of a copy of its own (an earlier one is removed)."""
     from geolens.analysis.clockpizza import DIST_IRR_CLOCK_MIN, GRAD_SYM_PIZZA_MIN
 
     if not trajs:
@@ -68,14 +68,19 @@ def write_explorer(trajs: list[Trajectory], out: str | Path) -> Path:
     title = "geolens explorer: " + ", ".join(p["label"] for p in payloads)
     data = {"title": title, "clock_pizza": {"grad_sym_pizza_min": GRAD_SYM_PIZZA_MIN, "dist_irr_clock_min": DIST_IRR_CLOCK_MIN},
             "runs": payloads}
-    page = Template(asset("index.html")).substitute(title=html.escape(title), summary=summary_html(payloads))
+    src = PLOTLY_JS if plotly is None else Path(os.path.relpath(plotly, out)).as_posix()
+    page = Template(asset("index.html")).substitute(title=html.escape(title), summary=summary_html(payloads),
+                                                    plotly=html.escape(src))
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise GeoError(f"cannot write the explorer to {out} ({e.strerror}); choose another --out folder") from None
     atomic_write_bytes(out / "data.js", b"window.GEOLENS_EXPLORER = " +
                        json.dumps(data, separators=(",", ":"), allow_nan=False).encode() + b";\n")
-    atomic_write_bytes(out / "plotly.min.js", plotly_js())
+    if plotly is None:
+        atomic_write_bytes(out / PLOTLY_JS, plotly_js())
+    else:
+        (out / PLOTLY_JS).unlink(missing_ok=True)
     atomic_write_bytes(out / "explorer.js", asset("explorer.js").encode())
     atomic_write_bytes(out / "index.html", page.encode())
     return out / "index.html"

@@ -3,7 +3,8 @@ static matplotlib (PNG/SVG export, no browser needed).
 
 A FigureSpec is a grid of Panels; a Panel holds traces: Line, Bar, Heatmap, Region (filled
 polygon) and VLine. Each figure is built once as a spec, so both renderings show the same data;
-html_page puts several into one self-contained page (plotly.js inlined once, no CDN).
+html_page puts several into one page that works offline: plotly.js inlined once, or loaded from a shared copy
+beside the page (write_plotly_js), never from a CDN.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import io
 import math
 import textwrap
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Sequence, Union
 
@@ -157,22 +159,40 @@ def to_plotly(spec: FigureSpec):
     return fig
 
 
-def figure_fragments(specs: Sequence[FigureSpec]) -> list[str]:
-    """One HTML <div> per spec; the first also carries plotly.js itself (inlined, never a CDN link)."""
-    return [to_plotly(spec).to_html(full_html=False, include_plotlyjs=(i == 0)) for i, spec in enumerate(specs)]
+PLOTLY_JS = "plotly.min.js"
 
 
-def html_page(title: str, specs: Sequence[FigureSpec], intro_html: str = "") -> str:
-    """A self-contained page: title, intro (HTML) and every figure, interactive, working offline."""
+def plotly_js() -> bytes:
+    """plotly.min.js of the installed plotly package (~4.8 MB)."""
+    return resources.files("plotly").joinpath("package_data", PLOTLY_JS).read_bytes()
+
+
+def write_plotly_js(folder: Path) -> Path:
+    """FOLDER/plotly.min.js, the installed plotly's (rewritten only where it differs); returns its path."""
+    path, js = folder / PLOTLY_JS, plotly_js()
+    if not path.is_file() or path.stat().st_size != len(js) or path.read_bytes() != js:
+        atomic_write_bytes(path, js)
+    return path
+
+
+def figure_fragments(specs: Sequence[FigureSpec], inline_plotly: bool = True) -> list[str]:
+    """One HTML <div> per spec; with inline_plotly the first also carries plotly.js itself (never a CDN link)."""
+    return [to_plotly(spec).to_html(full_html=False, include_plotlyjs=inline_plotly and i == 0) for i, spec in enumerate(specs)]
+
+
+def html_page(title: str, specs: Sequence[FigureSpec], intro_html: str = "", plotly_src: str | None = None) -> str:
+    """A page that works offline: title, intro (HTML) and every figure, interactive. plotly.js is inlined (the page
+    stands alone, +4.8 MB), or with plotly_src loaded from that relative path (a copy from write_plotly_js)."""
     import html
 
+    head = "" if plotly_src is None else f'<script src="{html.escape(plotly_src)}"></script>\n'
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}} th,td{{padding:2px 10px;text-align:left}}</style>
+{head}<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}} th,td{{padding:2px 10px;text-align:left}}</style>
 </head><body>
 <h1>{html.escape(title)}</h1>
 {intro_html}
-{"".join(figure_fragments(specs))}
+{"".join(figure_fragments(specs, inline_plotly=plotly_src is None))}
 </body></html>
 """
 

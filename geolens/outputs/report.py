@@ -1,5 +1,5 @@
-"""The analysis report of a run: figure specs from a Trajectory, one self-contained HTML page
-(plotly, JavaScript inlined once) and static PNG/SVG copies of every figure."""
+"""The analysis report of a run: figure specs from a Trajectory, one HTML page (plotly; plotly.js from the
+analysis folder's shared copy, which the explorer beside it loads too) and static PNG/SVG copies of every figure."""
 
 from __future__ import annotations
 
@@ -11,7 +11,17 @@ import torch
 from geolens.analysis.llc import COMPONENTS
 from geolens.analysis.registry import skip_reason
 from geolens.analysis.trajectory import Trajectory, keys_settled, keys_words, writing
-from geolens.outputs.plots import FigureSpec, Heatmap, Line, Panel, Region, VLine, html_page, save_static
+from geolens.outputs.plots import (
+    FigureSpec,
+    Heatmap,
+    Line,
+    Panel,
+    Region,
+    VLine,
+    html_page,
+    save_static,
+    write_plotly_js,
+)
 from geolens.runs.storage import atomic_write_bytes
 
 
@@ -207,8 +217,9 @@ def build_figures(traj: Trajectory, at: list[int] | None = None) -> list[FigureS
 
 
 def write_report(traj: Trajectory, at: list[int] | None = None, static: tuple[str, ...] = ("png", "svg")) -> Path:
-    """Write report.html and figures/<name>.<fmt> into the trajectory's analysis folder (figure files of
-    an earlier report that this one does not draw are removed); returns the HTML path."""
+    """Write report.html, figures/<name>.<fmt> and plotly.min.js (the page loads it; the explorer beside it shares it)
+    into the trajectory's analysis folder (figure files of an earlier report that this one does not draw are
+    removed); returns the HTML path."""
     run = traj.run
     out = traj.out
     specs = build_figures(traj, at)
@@ -230,8 +241,8 @@ def write_report(traj: Trajectory, at: list[int] | None = None, static: tuple[st
 <p>{len(traj.steps)} checkpoints analysed; metric table: <code>metrics.csv</code> beside this page (step, metric, name, value);
 definitions: docs/metrics.md.</p>
 {f"<p>Skipped metrics:</p><ul>{skipped}</ul>" if skipped else ""}"""
-    page = html_page(f"geolens report: {run.path}", specs, intro)
     path = out / "report.html"
     with writing(out):
+        page = html_page(f"geolens report: {run.path}", specs, intro, plotly_src=write_plotly_js(out).name)
         atomic_write_bytes(path, page.encode())
     return path
