@@ -112,3 +112,17 @@ def test_sweep_monitor_prints_plain_lines(tmp_path, capsys, every_update):
     assert "ETA" in lines[1]
     assert "sweep done at member-epoch 200/200" in lines[3] and lines[3].endswith("members: 2 done, 0 running, "
                                                                                "0 failed, 0 skipped, 0 queued")
+
+
+def test_replay_log_ends_at_the_epoch_reached(tmp_path, capsys, every_update):
+    """A replay (fork, convert, an exact --step) prints its summary at the epoch it stopped at, not the last
+    evaluation before it."""
+    from geolens.runs.run import load_run
+    from geolens.training import train as training
+    from geolens.training.replay import state_at
+
+    cfg = make_config("fb", p=23, epochs=30, eval_every=10, d_model=32, d_head=8, d_mlp=64, checkpoints="every:10")
+    training.train(cfg, tmp_path / "run", progress=False)
+    state_at(load_run(tmp_path / "run"), 25, progress=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and " done at epoch 25/25: " in lines[-1]

@@ -161,6 +161,7 @@ def replay(run: Run, start: int, stop: int, visit: Callable[[int, torch.nn.Modul
             for epoch in range(start, stop + 1):
                 visit(epoch, model, opt)
                 if epoch == stop:
+                    bar.update(stop, "")  # the bar (and a log file's summary) ends at the epoch reached
                     break
                 controls.before(epoch)
                 single.backward(False)
