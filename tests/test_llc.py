@@ -15,7 +15,7 @@ from geolens.model.config import make_config
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
 
-BOWL = LLCSettings(lr=1e-4, n_beta=1000.0, localization=1.0, chains=4, draws=1000, batch_size=64, seed=1)
+BOWL = LLCSettings(lr=1e-4, n_beta=1000.0, localization=1.0, chains=4, draws=1000, batch_size=64, seed=1, burnin=0)
 
 
 class Bowl(nn.Module):
@@ -66,7 +66,7 @@ def test_a_component_estimate_samples_only_its_parameters():
                                                      "blocks.0.mlp.b_out"]
     x, y = make_dataset(cfg).train
     before = {n: p.clone() for n, p in model.named_parameters()}
-    settings = LLCSettings(lr=1e-6, n_beta=10.0, chains=2, draws=20, batch_size=32)
+    settings = LLCSettings(lr=1e-6, n_beta=10.0, chains=2, draws=20, batch_size=32, burnin=0)
     whole, mlp = model_llc(model, x, y, settings), model_llc(model, x, y, settings, "mlp")
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # the checkpoint is left as it was
     assert whole["init_loss"] == pytest.approx(mlp["init_loss"]) and len(whole["trace"]) == 2
@@ -251,7 +251,7 @@ def test_llc_calibrate_writes_its_table_and_refuses_bad_input(tmp_path, geolens)
                       checkpoints="every:10")
     training.train(cfg, tmp_path / "r", progress=False)
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--lr", "1e-6", "--n-beta", "10,30",
-                "--out", tmp_path / "cal")
+                "--draws", 40, "--burnin", 10, "--out", tmp_path / "cal")
     assert r.returncode == 0, r.stderr
     rows = (tmp_path / "cal" / "llc_calibration.csv").read_text().splitlines()
     assert rows[0] == "lr,n_beta,drift,llc,llc_std,init_loss,rhat,ess,stable,recommended" and [
@@ -266,7 +266,7 @@ def test_llc_calibrate_writes_its_table_and_refuses_bad_input(tmp_path, geolens)
     assert last.startswith("Recommended: lr 1e-06, n_beta ") and "n / ln n = " in last if any(stable) else (
         last.startswith("Recommended: none; no setting is stable")), last
     traces = (tmp_path / "cal" / "llc_traces.csv").read_text().splitlines()
-    assert traces[0] == "lr,n_beta,chain,draw,loss" and len(traces) == 1 + 2 * LLCSettings().chains * LLCSettings().draws
+    assert traces[0] == "lr,n_beta,chain,draw,loss" and len(traces) == 1 + 2 * LLCSettings().chains * 40  # burn-in left out
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--lr", "fast")
     assert r.returncode == 2 and "--lr 'fast' is not a number" in r.stderr
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--sampler", "hmc")
@@ -296,22 +296,22 @@ def test_analyze_takes_llc_settings_keys_the_cache_by_them_and_keeps_them_in_the
         assert r.returncode == 0, r.stderr
         return r.stdout
 
-    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20,lr=1e-6,components=none")
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20,lr=1e-6,components=none,burnin=0")
     first = at_20()
     assert (first["llc_setting_draws"], first["llc_setting_lr"]) == (20, 1e-6) and math.isfinite(first["llc"])
     assert first["llc_stable"] in (0.0, 1.0) and not any(name.startswith("llc_mlp") for name in first)  # whole only
     assert first["llc_rhat"] > 0 and first["llc_ess"] > 0 and (first["llc_setting_sampler"], first["llc_setting_components"]) == (0, 0)
-    assert "0 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,components=none")
-    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,components=mlp")
+    assert "0 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,components=none,burnin=0")
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,components=mlp,burnin=0")
     some = at_20()
     assert some["llc"] == first["llc"] and math.isfinite(some["llc_mlp"]) and "llc_attn" not in some
     assert some["llc_mlp_stable"] in (0.0, 1.0) and some["llc_mlp_rhat"] > 0  # each component judged on its own traces
-    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20")
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,burnin=0")
     first = at_20()
     assert all(math.isfinite(first[f"llc_{c}"]) for c in ("embed", "attn", "mlp", "unembed"))
     analyze("--metrics", "loss")
     assert at_20()["llc"] == first["llc"] and "loss_train" in " ".join(at_20())  # kept, at its settings
-    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20")
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20,burnin=0")
     assert (at_20()["llc_setting_lr"], at_20()["llc_setting_draws"]) == (LLCSettings().lr, 20)
     for bad, message in (("draws=1.5", "LLC setting draws='1.5' must be a whole number above 0"),
                          ("steps=3", "LLC setting 'steps' is not known"),

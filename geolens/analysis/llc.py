@@ -63,16 +63,18 @@ class LLCSettings:
     burnin: SGLD steps per chain before the draws (devinterp's num_burnin_steps), left out of the estimate and the
     trace, so a chain that settles late need not run long enough to average its climb away."""
 
-    lr: float = 1e-5  # the stable setting of docs/landscape.md's sweep at the shipped fb checkpoint
-    n_beta: float = 100.0
+    # the defaults: llc.recommend's rule over the settings of docs/landscape.md's sweep that judge passes at the shipped
+    # fb trajectory's epochs 500, 1,500 and 2,710 (analyses/landscape/llc_default_table.py)
+    lr: float = 5e-6
+    n_beta: float = 464.0
     localization: float = 1e4
     chains: int = 2
-    draws: int = 100
+    draws: int = 1000
     batch_size: int = 512
     seed: int = 1
     sampler: str = "sgld"
     components: str = "all"
-    burnin: int = 0
+    burnin: int = 200
 
     def __post_init__(self):
         if self.sampler not in SAMPLERS:
