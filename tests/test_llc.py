@@ -207,6 +207,25 @@ def test_recommend_picks_one_stable_setting_by_its_rule():
     assert best is None and why.startswith("no setting is stable")
 
 
+def test_calibrate_judges_the_drift_factor_of_plain_sgld_only(monkeypatch):
+    """llc-calibrate's sweep judges each setting with its drift factor where that is the step's (plain SGLD); the
+    preconditioned sampler rescales its step per coordinate, so its row shows the factor but is judged without it."""
+    import numpy as np
+
+    from geolens.analysis import landscape, llc
+
+    cfg = make_config("fb", p=11, d_model=16, n_heads=2, d_head=8, d_mlp=32, frac_train=0.5)
+    x, y = make_dataset(cfg).train
+    trace = (0.3 + 0.01 * np.random.default_rng(0).standard_normal((2, 400))).tolist()  # mixed, far from chance
+    monkeypatch.setattr(landscape, "sharpness", lambda *a: {"sharpness": 1e4})
+    monkeypatch.setattr(llc, "model_llc", lambda *a: {"llc": 26.0, "llc_std": 0.1, "init_loss": 0.04, "trace": trace})
+    plain = llc.calibrate(GeoTransformer(cfg), x, y, [1e-5], [100.0], LLCSettings())[0][0]
+    pre = llc.calibrate(GeoTransformer(cfg), x, y, [1e-5], [100.0], LLCSettings(sampler="rmsprop_sgld"))[0][0]
+    assert plain.drift_factor == pre.drift_factor == pytest.approx(5.05) and plain.verdict.drift == pytest.approx(5.05)
+    assert not plain.stable and "overshoots" in plain.verdict.why
+    assert pre.stable and pre.verdict.drift is None
+
+
 def test_the_settings_columns_keep_samplers_and_component_sets_apart(monkeypatch):
     """The sampler and the components are recorded among llc_setting_*; precursors.llc_series reads one series per
     setting (the one most checkpoints share), so estimates by another sampler or component set never join it."""

@@ -362,8 +362,9 @@ def loss_spikes(rows: list[dict[str, float]]) -> set[int]:
 def calibrate(model, tokens: Int[Tensor, "N n_ctx"], labels: Int[Tensor, "N"], lrs: list[float], n_betas: list[float],
               base: LLCSettings = DEFAULT_LLC) -> tuple[list[Calibration], float]:
     """model_llc at every (lr, n_beta) of the grid (base's other settings), each given its drift_factor at the
-    checkpoint's sharpness (landscape.sharpness, computed once) and judged with it (judge). Returns (rows,
-    sharpness)."""
+    checkpoint's sharpness (landscape.sharpness, computed once) and judged (judge) with it where it is the step's:
+    plain SGLD only, since the preconditioned sampler rescales its step per coordinate (as recorded_drift).
+    Returns (rows, sharpness)."""
     from geolens.analysis.landscape import sharpness as top_eigenvalue
 
     chance = math.log(model.cfg.d_vocab_out)
@@ -375,7 +376,7 @@ def calibrate(model, tokens: Int[Tensor, "N n_ctx"], labels: Int[Tensor, "N"], l
             res = model_llc(model, tokens, labels, settings)
             drift = drift_factor(lr, n_beta, base.localization, curvature)
             out.append(Calibration(lr, n_beta, res["llc"], res["llc_std"], res["init_loss"], res["trace"],
-                                   judge(res, chance, drift), drift))
+                                   judge(res, chance, drift if base.sampler == "sgld" else None), drift))
     return out, curvature
 
 
