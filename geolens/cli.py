@@ -502,11 +502,14 @@ def llc_calibrate(
     run: Path = typer.Option(..., help="Run directory."),
     step: int = typer.Option(..., help="Epoch to sample around: any epoch of the trajectory, as its nearest "
                              "checkpoint (a line says which), or exactly with --exact."),
-    lrs: str = typer.Option("1e-7,1e-6,1e-5", "--lr", help="Comma-separated SGLD step sizes."),
-    n_betas: str = typer.Option("10,30,100", "--n-beta", help="Comma-separated inverse temperatures n * beta."),
+    lrs: str = typer.Option("5e-6,1e-5", "--lr", help="Comma-separated SGLD step sizes (default: DEFAULT_LLC's and "
+                            "twice it)."),
+    n_betas: str = typer.Option("100,464", "--n-beta", help="Comma-separated inverse temperatures n * beta (default: "
+                                "DEFAULT_LLC's, n / ln n at the paper's n, and 100)."),
     localization: Optional[float] = typer.Option(None, help="Localisation strength (default: DEFAULT_LLC's)."),
     draws: Optional[int] = typer.Option(None, help="Draws per chain (default: DEFAULT_LLC's)."),
-    burnin: int = typer.Option(0, help="SGLD steps per chain before the draws, left out of the estimate and traces."),
+    burnin: Optional[int] = typer.Option(None, help="SGLD steps per chain before the draws, left out of the estimate "
+                                         "and traces (default: DEFAULT_LLC's)."),
     sampler: str = typer.Option("sgld", help="'sgld' (devinterp's plain SGLD) or 'rmsprop_sgld' (its RMSprop-"
                                 "preconditioned SGLD; the drift column assumes plain SGLD)."),
     out: Optional[Path] = typer.Option(None, help="Folder for llc_calibration.md, .csv, .png, .svg "
@@ -529,9 +532,9 @@ def llc_calibrate(
         base = replace(base, localization=_positive(str(localization), "--localization"))
     if draws is not None:
         base = replace(base, draws=int(_positive(str(draws), "--draws")))
-    if burnin < 0:
+    if burnin is not None and burnin < 0:
         raise GeoError(f"--burnin {burnin} must be >= 0 (SGLD steps per chain before the draws)")
-    base = replace(base, sampler=sampler, burnin=burnin)
+    base = replace(base, sampler=sampler, burnin=base.burnin if burnin is None else burnin)
     x, y = r.dataset.train
     rows, curvature = calibrate(_model_at(r, step), x, y, grid[0], grid[1], base)
     picked = recommend(rows, len(x))

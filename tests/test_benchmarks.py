@@ -133,8 +133,9 @@ def test_bench_landscape_prints_every_metric_against_an_epoch(capsys, tmp_path):
     run = tmp_path / "r"
     training.train(make_config("fb", p=11, d_model=16, n_heads=2, d_head=8, d_mlp=32, frac_train=0.5, epochs=10,
                                eval_every=10, checkpoints="every:10"), run, progress=False)
-    bench.main(["--run", str(run), "--reps", "1"])
+    bench.main(["--run", str(run), "--reps", "1", "--llc", "draws=20,burnin=0"])
     out = capsys.readouterr().out
     names = [line.split()[0] for line in out.splitlines()[3:]]
     assert names == ["llc", "llc_embed", "llc_attn", "llc_mlp", "llc_unembed", "sharpness", "llc"]
     assert "one training epoch:" in out
+    assert ";draws=20" in out.splitlines()[0] and "burnin" not in out.splitlines()[0]  # the --llc settings

@@ -86,9 +86,13 @@ def test_the_committed_landscape_tables_are_what_their_records_give(monkeypatch)
             dense / f"{preset}_landmarks.md").read_text()
     common = root / "results" / "landscape" / "llc_common"
     assert load(root / "analyses" / "landscape" / "llc_common_table.py").table(common) == (common / "llc_common.md").read_text()
+    sweeps = load(root / "analyses" / "landscape" / "llc_default_table.py")
+    for name in ("llc_default", "llc_default_ln", "llc_old_default"):  # judged from today's llc-calibrate tables
+        folder = root / "results" / "landscape" / name
+        assert sweeps.table(folder, 3830) == (folder / "llc_default.md").read_text(), name
     text = (root / "docs" / "landscape.md").read_text()
     refreshed, count = load(root / "analyses" / "reproduction" / "embed_tables.py").embed(text)
-    assert count == 15 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md
+    assert count == 18 and refreshed == text  # rerun analyses/reproduction/embed_tables.py docs/landscape.md
 
 
 def test_llc_points_pairs_successive_stable_estimates_by_seed():

@@ -15,7 +15,7 @@ from geolens.model.config import make_config
 from geolens.model.tasks import make_dataset
 from geolens.model.transformer import GeoTransformer
 
-BOWL = LLCSettings(lr=1e-4, n_beta=1000.0, localization=1.0, chains=4, draws=1000, batch_size=64, seed=1)
+BOWL = LLCSettings(lr=1e-4, n_beta=1000.0, localization=1.0, chains=4, draws=1000, batch_size=64, seed=1, burnin=0)
 
 
 class Bowl(nn.Module):
@@ -66,7 +66,7 @@ def test_a_component_estimate_samples_only_its_parameters():
                                                      "blocks.0.mlp.b_out"]
     x, y = make_dataset(cfg).train
     before = {n: p.clone() for n, p in model.named_parameters()}
-    settings = LLCSettings(lr=1e-6, n_beta=10.0, chains=2, draws=20, batch_size=32)
+    settings = LLCSettings(lr=1e-6, n_beta=10.0, chains=2, draws=20, batch_size=32, burnin=0)
     whole, mlp = model_llc(model, x, y, settings), model_llc(model, x, y, settings, "mlp")
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # the checkpoint is left as it was
     assert whole["init_loss"] == pytest.approx(mlp["init_loss"]) and len(whole["trace"]) == 2
@@ -207,6 +207,25 @@ def test_recommend_picks_one_stable_setting_by_its_rule():
     assert best is None and why.startswith("no setting is stable")
 
 
+def test_calibrate_judges_the_drift_factor_of_plain_sgld_only(monkeypatch):
+    """llc-calibrate's sweep judges each setting with its drift factor where that is the step's (plain SGLD); the
+    preconditioned sampler rescales its step per coordinate, so its row shows the factor but is judged without it."""
+    import numpy as np
+
+    from geolens.analysis import landscape, llc
+
+    cfg = make_config("fb", p=11, d_model=16, n_heads=2, d_head=8, d_mlp=32, frac_train=0.5)
+    x, y = make_dataset(cfg).train
+    trace = (0.3 + 0.01 * np.random.default_rng(0).standard_normal((2, 400))).tolist()  # mixed, far from chance
+    monkeypatch.setattr(landscape, "sharpness", lambda *a: {"sharpness": 1e4})
+    monkeypatch.setattr(llc, "model_llc", lambda *a: {"llc": 26.0, "llc_std": 0.1, "init_loss": 0.04, "trace": trace})
+    plain = llc.calibrate(GeoTransformer(cfg), x, y, [1e-5], [100.0], LLCSettings())[0][0]
+    pre = llc.calibrate(GeoTransformer(cfg), x, y, [1e-5], [100.0], LLCSettings(sampler="rmsprop_sgld"))[0][0]
+    assert plain.drift_factor == pre.drift_factor == pytest.approx(5.05) and plain.verdict.drift == pytest.approx(5.05)
+    assert not plain.stable and "overshoots" in plain.verdict.why
+    assert pre.stable and pre.verdict.drift is None
+
+
 def test_the_settings_columns_keep_samplers_and_component_sets_apart(monkeypatch):
     """The sampler and the components are recorded among llc_setting_*; precursors.llc_series reads one series per
     setting (the one most checkpoints share), so estimates by another sampler or component set never join it."""
@@ -237,7 +256,7 @@ def test_the_preconditioned_sampler_is_devinterps_rmsprop_sgld():
     assert pre["trace"] != plain["trace"] and max(pre["trace"][0]) < 1.0
     assert sample_llc(Bowl(4), rows, _loss(2), settings) == pre
     assert "sampler" not in BOWL.key() and settings.key().endswith("sampler=rmsprop_sgld")
-    assert "components" not in BOWL.key() and LLCSettings(components="unembed+mlp").key().endswith("components=unembed+mlp")
+    assert "components" not in BOWL.key() and LLCSettings(components="unembed+mlp", burnin=0).key().endswith("components=unembed+mlp")
     assert LLCSettings(components="unembed+mlp").component_list == ("mlp", "unembed")
     assert LLCSettings(components="none").component_list == () and len(LLCSettings().component_list) == 4
     with pytest.raises(GeoError, match="LLC sampler 'hmc' is not known"):
@@ -251,7 +270,7 @@ def test_llc_calibrate_writes_its_table_and_refuses_bad_input(tmp_path, geolens)
                       checkpoints="every:10")
     training.train(cfg, tmp_path / "r", progress=False)
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--lr", "1e-6", "--n-beta", "10,30",
-                "--out", tmp_path / "cal")
+                "--draws", 40, "--burnin", 10, "--out", tmp_path / "cal")
     assert r.returncode == 0, r.stderr
     rows = (tmp_path / "cal" / "llc_calibration.csv").read_text().splitlines()
     assert rows[0] == "lr,n_beta,drift,llc,llc_std,init_loss,rhat,ess,stable,recommended" and [
@@ -266,7 +285,7 @@ def test_llc_calibrate_writes_its_table_and_refuses_bad_input(tmp_path, geolens)
     assert last.startswith("Recommended: lr 1e-06, n_beta ") and "n / ln n = " in last if any(stable) else (
         last.startswith("Recommended: none; no setting is stable")), last
     traces = (tmp_path / "cal" / "llc_traces.csv").read_text().splitlines()
-    assert traces[0] == "lr,n_beta,chain,draw,loss" and len(traces) == 1 + 2 * LLCSettings().chains * LLCSettings().draws
+    assert traces[0] == "lr,n_beta,chain,draw,loss" and len(traces) == 1 + 2 * LLCSettings().chains * 40  # burn-in left out
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--lr", "fast")
     assert r.returncode == 2 and "--lr 'fast' is not a number" in r.stderr
     r = geolens("llc-calibrate", "--run", tmp_path / "r", "--step", 20, "--sampler", "hmc")
@@ -296,22 +315,22 @@ def test_analyze_takes_llc_settings_keys_the_cache_by_them_and_keeps_them_in_the
         assert r.returncode == 0, r.stderr
         return r.stdout
 
-    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20,lr=1e-6,components=none")
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20,lr=1e-6,components=none,burnin=0")
     first = at_20()
     assert (first["llc_setting_draws"], first["llc_setting_lr"]) == (20, 1e-6) and math.isfinite(first["llc"])
     assert first["llc_stable"] in (0.0, 1.0) and not any(name.startswith("llc_mlp") for name in first)  # whole only
     assert first["llc_rhat"] > 0 and first["llc_ess"] > 0 and (first["llc_setting_sampler"], first["llc_setting_components"]) == (0, 0)
-    assert "0 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,components=none")
-    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,components=mlp")
+    assert "0 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,components=none,burnin=0")
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,components=mlp,burnin=0")
     some = at_20()
     assert some["llc"] == first["llc"] and math.isfinite(some["llc_mlp"]) and "llc_attn" not in some
     assert some["llc_mlp_stable"] in (0.0, 1.0) and some["llc_mlp_rhat"] > 0  # each component judged on its own traces
-    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20")
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "lr=1e-6,draws=20,burnin=0")
     first = at_20()
     assert all(math.isfinite(first[f"llc_{c}"]) for c in ("embed", "attn", "mlp", "unembed"))
     analyze("--metrics", "loss")
     assert at_20()["llc"] == first["llc"] and "loss_train" in " ".join(at_20())  # kept, at its settings
-    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20")
+    assert "1 metric evaluations computed" in analyze("--metrics", "llc", "--llc", "draws=20,burnin=0")
     assert (at_20()["llc_setting_lr"], at_20()["llc_setting_draws"]) == (LLCSettings().lr, 20)
     for bad, message in (("draws=1.5", "LLC setting draws='1.5' must be a whole number above 0"),
                          ("steps=3", "LLC setting 'steps' is not known"),

@@ -12,6 +12,9 @@ for run in fb_seed1 ln_seed1 llc/fb/seed_1 llc/fb/seed_2 llc/fb/seed_3 llc/ln/se
     $PY analyses/landscape/trajectory_table.py $R/$run/metrics.csv > $R/$run/trajectory.md
 done
 $PY analyses/landscape/llc_common_table.py $R/llc_common > /dev/null
+for sweep in llc_default llc_default_ln llc_old_default; do
+    $PY analyses/landscape/llc_default_table.py $R/$sweep > /dev/null
+done
 $PY analyses/landscape/llc_points.py $R/llc/ln --against $R/llc_common_setting/fb > $R/llc/ln_llc_points.md
 $PY analyses/landscape/llc_points.py $R/llc_common_setting/fb > $R/llc_common_setting/fb_llc_points.md
 C="--draws 2000 --burnin 4000"

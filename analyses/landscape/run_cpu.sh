@@ -9,8 +9,10 @@
 #                AdamW runs predate it). OPTIMIZERS="muon" trains only the Muon arms (the AdamW default: both)
 #   lane llc     fb and ln, seeds 1-3, checkpoints every 200 epochs, then `geolens analyze` of every checkpoint:
 #                fb `--metrics llc,sharpness,loss` (the LLC, its components and the sharpness along the trajectory;
-#                `geolens precursors` then reads the LLC as a precursor), ln `--metrics sharpness,loss` (DEFAULT_LLC's
-#                step diverges at LayerNorm's sharpness: docs/landscape.md, Calibration)
+#                `geolens precursors` then reads the LLC as a precursor) at LANE_LLC (the setting its committed tables
+#                were made at: DEFAULT_LLC until the default gained a burn-in; today's judge fails it along fb's
+#                trajectory, docs/landscape.md), ln `--metrics sharpness,loss` (that step diverges at LayerNorm's
+#                sharpness: docs/landscape.md, Calibration)
 #   lane llc_dense  ln and fb, seeds 1-3: the llc lane's training anew into $R/llc_dense (its own runs: the llc
 #                lane's records name another machine, whose float order they need), then the whole-model LLC at the
 #                burn-in setting (BURNIN_LLC, one setting for both) and the losses at every STRIDE-th checkpoint and
@@ -39,6 +41,7 @@ collect() { "$py" analyses/reproduction/collect.py "$R" results/landscape/record
 epochs() { [ "$1" = ln ] && echo 18000 || echo 8000; }
 flush() { if [ "$1" = ln ] || [ "$2" = muon ]; then echo "--set flush_denormal=true"; fi; }
 BURNIN_LLC=lr=1e-7,n_beta=1000,burnin=4000,draws=2000,components=none
+LANE_LLC=lr=1e-5,n_beta=100,draws=100,burnin=0
 # strided RUN: every STRIDE-th checkpointed epoch of RUN and its last, comma-separated
 strided() {
     "$py" -c "from geolens.runs.run import load_run; s = load_run('$1').steps
@@ -93,8 +96,8 @@ for lane in "${lanes[@]}"; do
                 run "$out" --preset "$preset" --p 113 --lr 6e-4 --seed "$s" --epochs "$(epochs "$preset")" \
                     --early-stop 500 --checkpoints every:200
                 metrics=llc,sharpness,loss; [ "$preset" = ln ] && metrics=sharpness,loss
-                OMP_NUM_THREADS=1 "$py" -m geolens analyze --run "$out" --metrics "$metrics" --static '' --quiet \
-                    --workers 1 > /dev/null || status=1
+                OMP_NUM_THREADS=1 "$py" -m geolens analyze --run "$out" --metrics "$metrics" --llc "$LANE_LLC" \
+                    --static '' --quiet --workers 1 > /dev/null || status=1
                 mkdir -p "results/landscape/llc/$preset/seed_$s"
                 cp "$out/analysis/metrics.csv" "results/landscape/llc/$preset/seed_$s/metrics.csv"
             done

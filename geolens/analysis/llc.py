@@ -63,16 +63,18 @@ class LLCSettings:
     burnin: SGLD steps per chain before the draws (devinterp's num_burnin_steps), left out of the estimate and the
     trace, so a chain that settles late need not run long enough to average its climb away."""
 
-    lr: float = 1e-5  # the stable setting of docs/landscape.md's sweep at the shipped fb checkpoint
-    n_beta: float = 100.0
+    # the defaults: llc.recommend's rule over the settings of docs/landscape.md's sweep that judge passes at the shipped
+    # fb trajectory's epochs 500, 1,500 and 2,710 (analyses/landscape/llc_default_table.py)
+    lr: float = 5e-6
+    n_beta: float = 464.0
     localization: float = 1e4
     chains: int = 2
-    draws: int = 100
+    draws: int = 1000
     batch_size: int = 512
     seed: int = 1
     sampler: str = "sgld"
     components: str = "all"
-    burnin: int = 0
+    burnin: int = 200
 
     def __post_init__(self):
         if self.sampler not in SAMPLERS:
@@ -360,8 +362,9 @@ def loss_spikes(rows: list[dict[str, float]]) -> set[int]:
 def calibrate(model, tokens: Int[Tensor, "N n_ctx"], labels: Int[Tensor, "N"], lrs: list[float], n_betas: list[float],
               base: LLCSettings = DEFAULT_LLC) -> tuple[list[Calibration], float]:
     """model_llc at every (lr, n_beta) of the grid (base's other settings), each given its drift_factor at the
-    checkpoint's sharpness (landscape.sharpness, computed once) and judged with it (judge). Returns (rows,
-    sharpness)."""
+    checkpoint's sharpness (landscape.sharpness, computed once) and judged (judge) with it where it is the step's:
+    plain SGLD only, since the preconditioned sampler rescales its step per coordinate (as recorded_drift).
+    Returns (rows, sharpness)."""
     from geolens.analysis.landscape import sharpness as top_eigenvalue
 
     chance = math.log(model.cfg.d_vocab_out)
@@ -373,7 +376,7 @@ def calibrate(model, tokens: Int[Tensor, "N n_ctx"], labels: Int[Tensor, "N"], l
             res = model_llc(model, tokens, labels, settings)
             drift = drift_factor(lr, n_beta, base.localization, curvature)
             out.append(Calibration(lr, n_beta, res["llc"], res["llc_std"], res["init_loss"], res["trace"],
-                                   judge(res, chance, drift), drift))
+                                   judge(res, chance, drift if base.sampler == "sgld" else None), drift))
     return out, curvature
 
 
