@@ -265,3 +265,37 @@ def test_the_llc_lane_precursor_tables_are_what_their_records_and_llc_tables_giv
         made = (tmp_path / preset / "precursors.md").read_text()
         assert "| llc | peak | 3 | 3 |" in made, preset  # the llc row is there, with an event on every seed
         assert made == (root / "results" / "landscape" / f"precursors_{preset}" / "precursors.md").read_text(), preset
+
+
+def test_llc_common_table_judges_an_old_rule_row_only_as_far_as_its_record_allows(tmp_path):
+    """llc_common_table: an llc-calibrate table written before the judge read the whole trace (no R-hat column) is
+    'not judged' (its old verdict beside it) unless a check of today's judge fails it from the table alone: the
+    chance-loss reason the old rule shared, or the drift factor the table holds (judge's order: chance first)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "analyses" / "landscape" / "llc_common_table.py"
+    spec = importlib.util.spec_from_file_location("llc_common_table", path)
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+
+    def old_table(name: str, epoch: int, drift: str, stable: str) -> None:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "llc_calibration.md").write_text(
+            f"# LLC calibration: checkpoints/fb_seed1 at epoch {epoch}\n\nSGLD (devinterp) with localization 10000, 2 "
+            "chains x 20000 draws, batch 512, seed 1; stable = ... Sharpness (top Hessian eigenvalue of the training "
+            "loss) 163.1; drift = ...\n\n| lr | n_beta | drift | LLC | std over chains | init loss | final loss | "
+            f"stable |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n| 1e-07 | 1000 | {drift} | 253.3 | 0.4 | "
+            f"0.04 | 0.3 | {stable} |\n")
+
+    old_table("a", 100, "0.5", "yes")
+    old_table("b", 200, "0.5", "no: the trace still rises in its last quarter (+0.03)")
+    old_table("c", 300, "1.5", "no: the chains climb towards chance loss (3.10 of ln C = 4.73)")
+    old_table("d", 400, "1.5", "yes")
+    verdicts = [line.rsplit("|", 2)[1].strip() for line in common.table(tmp_path).splitlines() if line.startswith("| fb")]
+    assert verdicts == [
+        "not judged: trace not kept (old rule: yes)",
+        "not judged: trace not kept (old rule: no: the trace still rises in its last quarter (+0.03))",
+        "no: the chains climb towards chance loss (3.10 of ln C = 4.73) (trace not kept)",
+        "no: the step overshoots along the sharpest direction (drift factor 1.5 >= 1) (trace not kept)"]
