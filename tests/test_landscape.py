@@ -293,7 +293,8 @@ def test_llc_common_table_judges_an_old_rule_row_only_as_far_as_its_record_allow
     old_table("b", 200, "0.5", "no: the trace still rises in its last quarter (+0.03)")
     old_table("c", 300, "1.5", "no: the chains climb towards chance loss (3.10 of ln C = 4.73)")
     old_table("d", 400, "1.5", "yes")
-    verdicts = [line.rsplit("|", 2)[1].strip() for line in common.table(tmp_path).splitlines() if line.startswith("| fb")]
+    rows = [line for line in common.table(tmp_path).splitlines() if line.startswith("| fb")]
+    verdicts = [line.rsplit("|", 2)[1].strip() for line in rows]
     assert verdicts == [
         "not judged: trace not kept (old rule: yes)",
         "not judged: trace not kept (old rule: no: the trace still rises in its last quarter (+0.03))",

@@ -404,5 +404,6 @@ def test_recorded_verdicts_take_the_drift_factor_where_the_row_holds_the_sharpne
     assert stable_word(old) == "no: drift 1.59 (trace not kept)"
     assert stable_word({**old, "sharpness": 230.0}) == "not judged: trace not kept (old rule: yes)"
     assert stable_word({**old, "sharpness": 230.0, "llc_stable": 0.0}) == "not judged: trace not kept (old rule: no)"
-    assert stable_word({**old, "sharpness": 230.0, "llc": -3.0, "llc_stable": 0.0}) == "no: not positive (trace not kept)"
+    negative = {**old, "sharpness": 230.0, "llc": -3.0, "llc_stable": 0.0}
+    assert stable_word(negative) == "no: not positive (trace not kept)"
     assert recorded_drift({**sharp, "llc_setting_sampler": 1.0}) is None and stable_word({"llc": 1.0}) == "-"

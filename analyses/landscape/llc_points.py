@@ -155,7 +155,8 @@ def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> s
                           smaller_than(vb, va)))
     ps = [p for _, p in lines]
     tested = sum(p is not None for p in ps)
-    kept = {id(v): v for name, _ in (a, b) for p in runs[name] for v in (p[max(p, key=lambda e: p[e]["llc"])], p[max(p)])}
+    kept = {id(v): v for name, _ in (a, b) for p in runs[name]
+            for v in (p[max(p, key=lambda e: p[e]["llc"])], p[max(p)])}  # every estimate the tests above read
     note = old_rule_note(list(kept.values()))
     return note + "".join(f"{head}\n" if p is None else f"{head}, Holm {fmt_p(q)} over the {tested} tests of this list "
                           "(exact Mann-Whitney, one-sided)\n" for (head, p), q in zip(lines, holm(ps)))
