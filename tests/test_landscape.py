@@ -106,17 +106,24 @@ def test_llc_points_pairs_successive_stable_estimates_by_seed():
     points = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(points)
 
-    def est(*values):
-        return {e: {"llc": v, "llc_stable": 0.0 if v < 0 else 1.0} for e, v in values}
+    def est(*values, rhat=True):  # rhat: judged by today's rule (an old-rule verdict has no llc_rhat)
+        return {e: {"llc": v, "llc_stable": 0.0 if v < 0 else 1.0, **({"llc_rhat": 1.01} if rhat else {})}
+                for e, v in values}
 
     runs = {1: (90, est((10, 1.0), (20, 5.0), (30, 2.0))), 2: (80, est((10, 1.5), (20, -3.0), (22, 6.0), (30, 2.5))),
             3: (70, est((10, 0.5), (20, 4.0), (30, 1.0)))}
     lines = points.along(runs).splitlines()
+    assert len(lines) == 2  # no note: every estimate judged by today's rule
     # the direction is read from the runs, so the test is two-sided (three pairs all one way: 2/8), and Holm over the steps
     assert lines[0].startswith("- stable estimate 1 -> 2 of each run (epochs 10 -> 20-22): rose in 3 of 3 runs; "
                                "p = 0.25, Holm 0.5 over the 2 steps (exact Wilcoxon signed-rank, two-sided")
     assert lines[1].startswith("- stable estimate 2 -> 3 of each run (epochs 20-22 -> 30): fell in 3 of 3 runs; "
                                "p = 0.25, Holm 0.5 over the 2 steps")
+    # seed 3's verdicts recorded by the old rule: the tests still run, and say that today's judge passed none of its 3
+    old = {**runs, 3: (70, est((10, 0.5), (20, 4.0), (30, 1.0), rhat=False))}
+    assert points.along(old).splitlines()[0] == (
+        "- 3 of the 9 estimates these tests read were passed by the old rule alone (trace not kept): today's judge "
+        "has not passed them, so the tests describe the records, not judged estimates")
     runs[3] = (70, est((10, 0.5), (20, -1.0), (30, 1.0)))  # 2 stable estimates where the others have 3: no pairing
     assert points.along(runs) == ""
 
@@ -135,8 +142,8 @@ def test_llc_points_compares_two_presets_for_the_whole_model_and_each_component(
 
     def est(scale, unstable_peak=False):
         def row(llc, stable=1.0):
-            return {"llc": llc, "llc_std": 1.0, "llc_stable": stable, "llc_mlp": llc / 2, "llc_attn": llc / 4,
-                    "loss_train": 0.1, "acc_test": 0.5}
+            return {"llc": llc, "llc_std": 1.0, "llc_stable": stable, "llc_rhat": 1.01, "llc_mlp": llc / 2,
+                    "llc_attn": llc / 4, "loss_train": 0.1, "acc_test": 0.5}
         return {s: (100, {10: row(scale * s), 20: row(3 * scale * s, 0.0 if unstable_peak else 1.0), 30: row(scale)})
                 for s in (1, 2, 3)}
 
@@ -150,6 +157,10 @@ def test_llc_points_compares_two_presets_for_the_whole_model_and_each_component(
     assert "fb median 0.5 (3 runs) against ln 150 (3)" in lines[1] and all("p = 0.05" in line for line in lines)
     # one family: the six tests printed, Holm multiplies the smallest (all equal) p by six
     assert all("Holm 0.3 over the 6 tests of this list (exact Mann-Whitney, one-sided)" in line for line in lines)
+    del fb[1][1][30]["llc_rhat"]  # fb seed 1's last estimate an old-rule verdict: named, and still tested
+    lines = points.against(("ln", ln), ("fb", fb), 2000).splitlines()
+    assert lines[0].startswith("- 1 of the 12 estimates these tests read were passed by the old rule alone")
+    assert "fb median 2 (3 runs) against ln 600 (3); fb smaller: p = 0.05" in lines[1]
     head = points.table(ln).splitlines()[0]
     assert head.startswith("| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | attn | mlp | sharpness")
 
@@ -170,7 +181,8 @@ def test_llc_points_landmarks_and_series_figure_along_dense_series():
     spec.loader.exec_module(points)
 
     def est(*values):
-        return {e: {"llc": v, "llc_stable": 0.0 if v < 0 else 1.0, "in_loss_spike": spike} for e, v, spike in values}
+        return {e: {"llc": v, "llc_stable": 0.0 if v < 0 else 1.0, "llc_rhat": 1.01, "in_loss_spike": spike}
+                for e, v, spike in values}
 
     # seed 1: a first maximum 8 at 20 (the causal peak: 4 falls back by more than a fifth of its rise), the
     # largest 10 at 40, below half of it for good from 70 (60 dips, 65 comes back above 5); the estimate at 35
@@ -180,6 +192,7 @@ def test_llc_points_landmarks_and_series_figure_along_dense_series():
                         (50, 6.0, 0.0), (60, 4.0, 0.0), (65, 5.5, 0.0), (70, 2.0, 0.0), (80, 3.0, 0.0))),
             2: (None, est((0, 2.0, 0.0), (20, 3.0, 0.0), (30, -5.0, 0.0), (40, 2.5, 0.0)))}
     rows = points.landmarks(runs).splitlines()[2:]
+    assert len(rows) == 2  # no note: every estimate judged by today's rule
     assert rows[0] == "| 1 | 50 | 9 of 10 | 40 (-10): 10 | 20 (-30) | 70 (+20) | 80 (+30): 3 |"
     assert rows[1] == "| 2 | - | 3 of 4 | 20: 3 | 20 | - | 40: 2.5 |"  # 2.5 falls back by half the rise
     curves = {1: [{"epoch": 0, "train_loss": 5.0, "test_loss": 5.0}, {"epoch": 80, "train_loss": 0.1, "test_loss": 0.2}]}
@@ -252,3 +265,38 @@ def test_the_llc_lane_precursor_tables_are_what_their_records_and_llc_tables_giv
         made = (tmp_path / preset / "precursors.md").read_text()
         assert "| llc | peak | 3 | 3 |" in made, preset  # the llc row is there, with an event on every seed
         assert made == (root / "results" / "landscape" / f"precursors_{preset}" / "precursors.md").read_text(), preset
+
+
+def test_llc_common_table_judges_an_old_rule_row_only_as_far_as_its_record_allows(tmp_path):
+    """llc_common_table: an llc-calibrate table written before the judge read the whole trace (no R-hat column) is
+    'not judged' (its old verdict beside it) unless a check of today's judge fails it from the table alone: the
+    chance-loss reason the old rule shared, or the drift factor the table holds (judge's order: chance first)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "analyses" / "landscape" / "llc_common_table.py"
+    spec = importlib.util.spec_from_file_location("llc_common_table", path)
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+
+    def old_table(name: str, epoch: int, drift: str, stable: str) -> None:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "llc_calibration.md").write_text(
+            f"# LLC calibration: checkpoints/fb_seed1 at epoch {epoch}\n\nSGLD (devinterp) with localization 10000, 2 "
+            "chains x 20000 draws, batch 512, seed 1; stable = ... Sharpness (top Hessian eigenvalue of the training "
+            "loss) 163.1; drift = ...\n\n| lr | n_beta | drift | LLC | std over chains | init loss | final loss | "
+            f"stable |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n| 1e-07 | 1000 | {drift} | 253.3 | 0.4 | "
+            f"0.04 | 0.3 | {stable} |\n")
+
+    old_table("a", 100, "0.5", "yes")
+    old_table("b", 200, "0.5", "no: the trace still rises in its last quarter (+0.03)")
+    old_table("c", 300, "1.5", "no: the chains climb towards chance loss (3.10 of ln C = 4.73)")
+    old_table("d", 400, "1.5", "yes")
+    rows = [line for line in common.table(tmp_path).splitlines() if line.startswith("| fb")]
+    verdicts = [line.rsplit("|", 2)[1].strip() for line in rows]
+    assert verdicts == [
+        "not judged: trace not kept (old rule: yes)",
+        "not judged: trace not kept (old rule: no: the trace still rises in its last quarter (+0.03))",
+        "no: the chains climb towards chance loss (3.10 of ln C = 4.73) (trace not kept)",
+        "no: the step overshoots along the sharpest direction (drift factor 1.5 >= 1) (trace not kept)"]

@@ -389,7 +389,9 @@ def test_loss_spikes_are_the_records_rows_that_lost_the_training_set_after_fitti
 def test_recorded_verdicts_take_the_drift_factor_where_the_row_holds_the_sharpness():
     """A table row with the checkpoint's sharpness beside the llc settings is judged with its drift factor too
     (lr 1e-7, n_beta 1,000: sharpness 31,810 gives 1.59, not usable); a verdict recorded before the judge read the
-    whole trace (no llc_rhat) is marked as the old rule's; the preconditioned sampler's step has no drift factor."""
+    whole trace (no llc_rhat, its trace not kept) still fails the checks the record allows (drift factor, a
+    non-positive estimate) and is otherwise not judged, the old rule's verdict beside it; the preconditioned
+    sampler's step has no drift factor."""
     from geolens.analysis.llc import recorded_drift, stable_word, usable
 
     settings = {f"llc_setting_{k}": v for k, v in LLCSettings(lr=1e-7, n_beta=1000.0).numbers().items()}
@@ -399,6 +401,9 @@ def test_recorded_verdicts_take_the_drift_factor_where_the_row_holds_the_sharpne
     assert recorded_drift(sharp) == pytest.approx(1.591) and not usable(sharp) and stable_word(sharp) == "no: drift 1.59"
     assert usable({**sharp, "sharpness": 230.0}) and stable_word({**sharp, "sharpness": 230.0}) == "yes"
     old = {k: v for k, v in sharp.items() if k not in ("llc_rhat", "llc_setting_sampler", "llc_setting_components")}
-    assert stable_word(old) == "no: drift 1.59 (trace: old rule)" and stable_word({**old, "sharpness": 230.0}) == (
-        "yes (trace: old rule)")
+    assert stable_word(old) == "no: drift 1.59 (trace not kept)"
+    assert stable_word({**old, "sharpness": 230.0}) == "not judged: trace not kept (old rule: yes)"
+    assert stable_word({**old, "sharpness": 230.0, "llc_stable": 0.0}) == "not judged: trace not kept (old rule: no)"
+    negative = {**old, "sharpness": 230.0, "llc": -3.0, "llc_stable": 0.0}
+    assert stable_word(negative) == "no: not positive (trace not kept)"
     assert recorded_drift({**sharp, "llc_setting_sampler": 1.0}) is None and stable_word({"llc": 1.0}) == "-"

@@ -6,9 +6,10 @@ llc-calibrate` outputs of one (lr, n_beta) each.
 Every FOLDER/*/llc_calibration.md becomes one row: the checkpoint, its sharpness, chains x draws, the estimate with
 its standard deviation over chains, the loss the chains end at, the chains' split-R-hat and bulk-ESS and the
 judgement (geolens.analysis.llc.judge), ordered by run, epoch and draws. A table written before judge read the
-whole trace (no R-hat column) keeps its verdict marked '(trace: old rule)': the one-direction rule, which failed a rising
-last quarter only; its R-hat and ESS are '-' (its traces were not kept). Its drift factor is judged here
-(llc.STABLE_DRIFT_FACTOR), since the table holds it.
+whole trace (no R-hat column; its R-hat and ESS are '-') cannot be judged again, its traces not kept: it fails where
+a check of today's judge reads the table alone (its drift factor, llc.STABLE_DRIFT_FACTOR; a failure the old rule
+shared with today's, OLD_CHECKS: diverged, not positive, chance loss), each marked '(trace not kept)', and is
+otherwise 'not judged: trace not kept (old rule: ...)' with the one-direction rule's verdict.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from geolens.analysis.llc import STABLE_DRIFT_FACTOR
 
 HEAD = re.compile(r"^# LLC calibration: (?P<run>\S+) at epoch (?P<epoch>\d+)$", re.M)
+#: the old rule's reasons that today's judge gives alike, read from the record (llc.judge)
+OLD_CHECKS = ("the chains diverged", "the estimate is not positive", "the chains climb towards chance loss")
 SETTING = re.compile(r"(?P<chains>\d+) chains x (?P<draws>\d+) draws.*Sharpness \(top Hessian eigenvalue of the training "
                      r"loss\) (?P<sharpness>[^;]+);")
 
@@ -36,9 +39,14 @@ def row(path: Path) -> tuple[tuple, tuple[str, str], str]:
     if len(cells) == 8:  # written by the one-direction rule, before the R-hat and ESS columns
         lr, n_beta, drift, llc, std, init, final, stable = cells
         rhat = ess = "-"
-        if stable == "yes" and not float(drift) < STABLE_DRIFT_FACTOR:
-            stable = f"no: the step overshoots along the sharpest direction (drift factor {drift} >= {STABLE_DRIFT_FACTOR:g})"
-        stable += " (trace: old rule)"
+        reason = stable.removeprefix("no: ")
+        if reason.startswith(OLD_CHECKS):  # judge's order: these before the drift factor
+            stable = f"no: {reason} (trace not kept)"
+        elif not float(drift) < STABLE_DRIFT_FACTOR:
+            stable = (f"no: the step overshoots along the sharpest direction (drift factor {drift} >= "
+                      f"{STABLE_DRIFT_FACTOR:g}) (trace not kept)")
+        else:
+            stable = f"not judged: trace not kept (old rule: {stable})"
     else:
         lr, n_beta, drift, llc, std, init, final, rhat, ess, stable = cells
     run, epoch, draws = Path(head["run"]).name, int(head["epoch"]), int(setting["draws"])

@@ -10,8 +10,9 @@ epoch with test accuracy > 0.95). One row per checkpoint whose LLC was estimated
 after `--burnin` steps (all at one SGLD setting: the llc_setting_* columns must agree, else it stops): the seed,
 the onset, the epoch and its distance to the onset, the LLC with its standard deviation over chains, whether the
 chains were stable (llc.stable_word: llc.judge's verdict, with the drift factor where the row holds the
-sharpness, marked '(trace: old rule)' where it was recorded before judge read the whole trace; only stable
-estimates, llc.usable, enter the comparisons), the components' LLCs where estimated, the
+sharpness; 'not judged: trace not kept (old rule: yes)' where it was recorded before judge read the whole trace;
+only stable estimates, llc.usable, enter the comparisons, which say how many of theirs the old rule alone passed:
+old_rule_note), the components' LLCs where estimated, the
 sharpness, and the training loss and test accuracy there. When every run has the same number of stable
 estimates, successive ones are compared across runs (paired by seed; an unstable estimate's place taken by the
 next checkpoint estimated): in how many runs the LLC rose, and the exact two-sided Wilcoxon signed-rank test
@@ -92,6 +93,17 @@ def table(est: Estimates) -> str:
     return "\n".join(lines) + "\n"
 
 
+def old_rule_note(kept: list[dict[str, float]], what: str = "tests") -> str:
+    """A line saying how many of the estimates `kept` for a comparison (`what`: the tests, the landmarks) were passed
+    by the old rule alone (recorded before judge read the whole trace: no llc_rhat; their traces were not kept, so
+    today's judge has not passed them), empty when none was."""
+    old = sum("llc_rhat" not in v for v in kept)
+    if not old:
+        return ""
+    return (f"- {old} of the {len(kept)} estimates these {what} read were passed by the old rule alone (trace not "
+            f"kept): today's judge has not passed them, so the {what} describe the records, not judged estimates\n")
+
+
 def along(est: Estimates) -> str:
     """One line per pair of successive stable estimates (the k-th and k+1-th stable estimate of every run, paired
     by seed; an unstable estimate's place is taken by the next checkpoint estimated): the epochs, in how many runs
@@ -115,8 +127,9 @@ def along(est: Estimates) -> str:
                      f"{'rose' if up else 'fell'} in {rose if up else len(pairs) - rose} of {len(pairs)} runs")
         ps.append(paired_differ([a for a, _ in pairs], [b for _, b in pairs]))
     steps = f"{len(ps)} step{'s' * (len(ps) != 1)}"
-    return "".join(f"{head}; p = {fmt_p(p)}, Holm {fmt_p(q)} over the {steps} (exact Wilcoxon signed-rank, two-sided, "
-                   f"paired by seed)\n" for head, p, q in zip(heads, ps, holm(ps)))
+    note = old_rule_note([v for s in series for _, v in s])
+    return note + "".join(f"{head}; p = {fmt_p(p)}, Holm {fmt_p(q)} over the {steps} (exact Wilcoxon signed-rank, "
+                          f"two-sided, paired by seed)\n" for head, p, q in zip(heads, ps, holm(ps)))
 
 
 def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> str:
@@ -142,8 +155,11 @@ def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> s
                           smaller_than(vb, va)))
     ps = [p for _, p in lines]
     tested = sum(p is not None for p in ps)
-    return "".join(f"{head}\n" if p is None else f"{head}, Holm {fmt_p(q)} over the {tested} tests of this list "
-                   "(exact Mann-Whitney, one-sided)\n" for (head, p), q in zip(lines, holm(ps)))
+    kept = {id(v): v for name, _ in (a, b) for p in runs[name]
+            for v in (p[max(p, key=lambda e: p[e]["llc"])], p[max(p)])}  # every estimate the tests above read
+    note = old_rule_note(list(kept.values()))
+    return note + "".join(f"{head}\n" if p is None else f"{head}, Holm {fmt_p(q)} over the {tested} tests of this list "
+                          "(exact Mann-Whitney, one-sided)\n" for (head, p), q in zip(lines, holm(ps)))
 
 
 def stable_series(points: dict[int, dict[str, float]]) -> tuple[list[int], list[float]]:
@@ -177,7 +193,9 @@ def landmarks(est: Estimates) -> str:
         lines.append(f"| {seed} | {'-' if onset is None else f'{onset:,}'} | {len(epochs)} of {len(points)} | "
                      f"{at(epochs[top], onset, llcs[top])} | {at(event_epoch(epochs, llcs, 'peak'), onset)} | "
                      f"{at(fall, onset)} | {at(epochs[-1], onset, llcs[-1])} |")
-    return "\n".join(lines) + "\n"
+    series = [points[e] for _, points in est.values() for e in stable_series(points)[0]]
+    note = old_rule_note(series, "landmarks")
+    return "\n".join(lines) + "\n" + ("\n" + note if note else "")
 
 
 def series_figure(est: Estimates, preset: str, curves: dict[int, list[dict[str, float]]] | None = None) -> FigureSpec:

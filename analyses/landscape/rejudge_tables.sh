@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Re-render every committed LLC table of docs/landscape.md from its committed records (metrics.csv, llc-calibrate
-# tables) with today's llc.stable_word / llc.usable: verdicts recorded before llc.judge read the whole trace are
-# marked '(trace: old rule)' (their traces were not kept, so they cannot be judged again here), and the drift factor
-# enters the verdict wherever the row holds the checkpoint's sharpness. Then refresh the docs' embedded tables.
+# tables) with today's llc.stable_word / llc.usable: a verdict recorded before llc.judge read the whole trace cannot
+# be judged again here (its traces were not kept): it fails where a check of today's judge reads the record alone
+# (not positive; chance loss where the table holds the chains' loss; the drift factor wherever the row holds the
+# checkpoint's sharpness), marked '(trace not kept)', and reads 'not judged: trace not kept (old rule: ...)'
+# otherwise; comparisons say how many such estimates they read. Then refresh the docs' embedded tables.
 #     bash analyses/landscape/rejudge_tables.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -328,16 +328,23 @@ def usable(values: dict[str, float]) -> bool:
 
 def stable_word(values: dict[str, float]) -> str:
     """A recorded estimate's judgement in a table: 'yes' or 'no' (judge, with the drift factor where the row holds
-    the sharpness: 'no: drift D'), '-' where it was not judged; a verdict recorded before judge read the whole
-    trace (no llc_rhat beside it: the one-direction rule, a rising last quarter only) is marked '(trace: old rule)'."""
+    the sharpness: 'no: drift D'), '-' where it was not judged. A verdict recorded before judge read the whole trace
+    (no llc_rhat beside it) cannot be judged again, its trace not kept: it fails where a check of today's judge reads
+    the record alone (a non-finite or non-positive estimate: 'no: not positive (trace not kept)'; the drift factor
+    where the row holds the sharpness: 'no: drift D (trace not kept)'), and is otherwise 'not judged: trace not kept
+    (old rule: yes)' (or 'no': the one-direction rule's verdict, which no check of today's can confirm here)."""
     if "llc_stable" not in values:
         return "-"
     drift = recorded_drift(values)
+    overshoots = drift is not None and not drift < STABLE_DRIFT_FACTOR
     word = "yes" if values["llc_stable"] == 1.0 else "no"
-    old = "" if "llc_rhat" in values else " (trace: old rule)"
-    if word == "yes" and drift is not None and not drift < STABLE_DRIFT_FACTOR:
-        return f"no: drift {drift:.3g}{old}"
-    return word + old
+    if "llc_rhat" in values:
+        return f"no: drift {drift:.3g}" if word == "yes" and overshoots else word
+    if not values.get("llc", math.nan) > 0:
+        return "no: not positive (trace not kept)"
+    if overshoots:
+        return f"no: drift {drift:.3g} (trace not kept)"
+    return f"not judged: trace not kept (old rule: {word})"
 
 
 #: training accuracy of a checkpoint that fits its training set

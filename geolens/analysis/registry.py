@@ -411,8 +411,8 @@ def metric_versions(llc: LLCSettings = DEFAULT_LLC) -> dict[str, str]:
 #: llc versions whose values estimate what the current one does (version 2 added the llc_stable judgement and the
 #: components setting to version 1's estimates; version 3 samples every training example, judges the whole trace
 #: and every component, and records the sampler and components among the settings): cached values of these are
-#: read, their verdicts marked as the old rule's in tables (llc.stable_word), and recomputed only when the llc
-#: metric is asked for
+#: read (tables show their verdicts as not judged by today's rule: llc.stable_word), and recomputed only when the
+#: llc metric is asked for
 LLC_SAME_ESTIMATES = ("1", "2", "3")
 
 
