@@ -119,11 +119,13 @@ def test_llc_points_pairs_successive_stable_estimates_by_seed():
                                "p = 0.25, Holm 0.5 over the 2 steps (exact Wilcoxon signed-rank, two-sided")
     assert lines[1].startswith("- stable estimate 2 -> 3 of each run (epochs 20-22 -> 30): fell in 3 of 3 runs; "
                                "p = 0.25, Holm 0.5 over the 2 steps")
-    # seed 3's verdicts recorded by the old rule: the tests still run, and say that today's judge passed none of its 3
+    # seed 3's verdicts recorded by the old rule: today's judge passed none of its 3, so they are left out, and with
+    # seed 3's series empty no step is tested (n/a), the note saying why
     old = {**runs, 3: (70, est((10, 0.5), (20, 4.0), (30, 1.0), rhat=False))}
-    assert points.along(old).splitlines()[0] == (
-        "- 3 of the 9 estimates these tests read were passed by the old rule alone (trace not kept): today's judge "
-        "has not passed them, so the tests describe the records, not judged estimates")
+    assert points.along(old).splitlines() == [
+        "- 3 of the 10 estimates were passed by the old rule alone (trace not kept): today's judge has not passed "
+        "them, so the tests leave them out (estimate them again to judge them)",
+        "- successive stable estimates: n/a (3, 3, 0 per run; the test needs the same number, at least 2, in every run)"]
     runs[3] = (70, est((10, 0.5), (20, -1.0), (30, 1.0)))  # 2 stable estimates where the others have 3: no pairing
     assert points.along(runs) == ""
 
@@ -157,10 +159,19 @@ def test_llc_points_compares_two_presets_for_the_whole_model_and_each_component(
     assert "fb median 0.5 (3 runs) against ln 150 (3)" in lines[1] and all("p = 0.05" in line for line in lines)
     # one family: the six tests printed, Holm multiplies the smallest (all equal) p by six
     assert all("Holm 0.3 over the 6 tests of this list (exact Mann-Whitney, one-sided)" in line for line in lines)
-    del fb[1][1][30]["llc_rhat"]  # fb seed 1's last estimate an old-rule verdict: named, and still tested
+    del fb[1][1][30]["llc_rhat"]  # fb seed 1's last estimate an old-rule verdict: named, and left out
     lines = points.against(("ln", ln), ("fb", fb), 2000).splitlines()
-    assert lines[0].startswith("- 1 of the 12 estimates these tests read were passed by the old rule alone")
-    assert "fb median 2 (3 runs) against ln 600 (3); fb smaller: p = 0.05" in lines[1]
+    assert lines[0].startswith("- 1 of the 18 estimates were passed by the old rule alone (trace not kept): today's "
+                               "judge has not passed them, so the tests leave them out")
+    assert "fb median 2 (3 runs) against ln 600 (3); fb smaller: p = 0.05" in lines[1]  # seed 1's largest: epoch 10
+    for seed in (1, 2, 3):  # fb's estimates all old-rule verdicts: no test, n/a
+        for v in fb[seed][1].values():
+            v.pop("llc_rhat", None)
+    lines = points.against(("ln", ln), ("fb", fb), 2000).splitlines()
+    assert lines == ["- 6 of the 18 estimates were passed by the old rule alone (trace not kept): today's judge has "
+                     "not passed them, so the tests leave them out (estimate them again to judge them)",
+                     "- largest stable estimate of each run: n/a, no stable estimates at 2000 draws for fb",
+                     "- last stable estimate of each run: n/a, no stable estimates at 2000 draws for fb"]
     head = points.table(ln).splitlines()[0]
     assert head.startswith("| seed | onset | epoch | epoch - onset | LLC ± std over chains | stable | attn | mlp | sharpness")
 
@@ -237,8 +248,10 @@ def test_the_dense_precursor_tables_are_what_their_records_and_llc_tables_give(t
 def test_the_llc_lane_precursor_tables_are_what_their_records_and_llc_tables_give(tmp_path, monkeypatch):
     """results/landscape/precursors_{fb,ln} are `geolens precursors` on the llc lane's runs: rebuilt here from their
     committed records, with the analysis cache (not committed) read from the committed LLC tables of the same runs
-    (results/landscape/llc), so precursors.llc_series' own rule (stable, outside loss spikes, the setting most
-    estimates share) picks each series; the whole table must come out the same."""
+    (results/landscape/llc), so precursors.llc_series' own rule (passed by today's judge, outside loss spikes, the
+    setting most estimates share) picks each series; the whole table must come out the same. Every committed
+    estimate there is an old-rule verdict or unjudged (no llc_rhat), so no run has an llc series and the table no llc
+    row until the estimates are made again."""
     from pathlib import Path
 
     from geolens.analysis import trajectory
@@ -263,7 +276,7 @@ def test_the_llc_lane_precursor_tables_are_what_their_records_and_llc_tables_giv
         rows, notes, _ = precursor_rows(*load_groups(records / preset))
         write_precursor_table(rows, notes, tmp_path / preset)
         made = (tmp_path / preset / "precursors.md").read_text()
-        assert "| llc | peak | 3 | 3 |" in made, preset  # the llc row is there, with an event on every seed
+        assert "| llc |" not in made, preset  # no estimate today's judge passed: no llc row
         assert made == (root / "results" / "landscape" / f"precursors_{preset}" / "precursors.md").read_text(), preset
 
 

@@ -236,7 +236,7 @@ def test_the_settings_columns_keep_samplers_and_component_sets_apart(monkeypatch
     plain, pre = LLCSettings(lr=1e-7), LLCSettings(lr=1e-7, sampler="rmsprop_sgld")
     assert (plain.numbers()["sampler"], pre.numbers()["sampler"]) == (0.0, 1.0)
     assert [LLCSettings(components=c).numbers()["components"] for c in ("all", "none", "mlp+attn")] == [15.0, 0.0, 6.0]
-    values = {e: {"llc": float(e), "llc_stable": 1.0, **{f"llc_setting_{k}": v for k, v in s.numbers().items()}}
+    values = {e: {"llc": float(e), "llc_stable": 1.0, "llc_rhat": 1.01, **{f"llc_setting_{k}": v for k, v in s.numbers().items()}}
               for e, s in [(10, plain), (20, pre), (30, plain), (40, pre), (50, plain), (60, pre), (70, pre)]}
     monkeypatch.setattr(trajectory, "cached_metrics", lambda r, step, names: {"llc": values[step]})
     run = SimpleNamespace(steps=sorted(values), metrics=[])
@@ -390,8 +390,8 @@ def test_recorded_verdicts_take_the_drift_factor_where_the_row_holds_the_sharpne
     """A table row with the checkpoint's sharpness beside the llc settings is judged with its drift factor too
     (lr 1e-7, n_beta 1,000: sharpness 31,810 gives 1.59, not usable); a verdict recorded before the judge read the
     whole trace (no llc_rhat, its trace not kept) still fails the checks the record allows (drift factor, a
-    non-positive estimate) and is otherwise not judged, the old rule's verdict beside it; the preconditioned
-    sampler's step has no drift factor."""
+    non-positive estimate) and is otherwise not judged, the old rule's verdict beside it, and is never usable (nor
+    is an estimate without a verdict); the preconditioned sampler's step has no drift factor."""
     from geolens.analysis.llc import recorded_drift, stable_word, usable
 
     settings = {f"llc_setting_{k}": v for k, v in LLCSettings(lr=1e-7, n_beta=1000.0).numbers().items()}
@@ -403,6 +403,9 @@ def test_recorded_verdicts_take_the_drift_factor_where_the_row_holds_the_sharpne
     old = {k: v for k, v in sharp.items() if k not in ("llc_rhat", "llc_setting_sampler", "llc_setting_components")}
     assert stable_word(old) == "no: drift 1.59 (trace not kept)"
     assert stable_word({**old, "sharpness": 230.0}) == "not judged: trace not kept (old rule: yes)"
+    assert not usable({**old, "sharpness": 230.0}) and not usable({k: v for k, v in new.items() if k != "llc_rhat"})
+    assert not usable({k: v for k, v in new.items() if k != "llc_stable"}) and not usable({"llc": 1.0})
+    assert not usable({**new, "llc_stable": 0.0})
     assert stable_word({**old, "sharpness": 230.0, "llc_stable": 0.0}) == "not judged: trace not kept (old rule: no)"
     negative = {**old, "sharpness": 230.0, "llc": -3.0, "llc_stable": 0.0}
     assert stable_word(negative) == "no: not positive (trace not kept)"

@@ -211,7 +211,8 @@ def test_the_committed_precursor_tables_are_what_the_code_computes(tmp_path, mon
 def test_the_llc_joins_the_precursors_where_checkpoints_are_dense_enough(tmp_path, monkeypatch):
     """A run whose analysis cache holds the LLC at enough checkpoints gets an `llc` series at those epochs (its
     peak rule then gives the event); with fewer than MIN_CHECKPOINTS it gets none; unstable estimates, estimates at
-    a less shared setting and those inside a loss spike are left out."""
+    a less shared setting and those inside a loss spike are left out, and so are estimates today's judge has not
+    passed (no llc_rhat: the old rule's verdict, its trace not kept; no llc_stable: never judged)."""
     from geolens.analysis import precursors as prec
     from geolens.analysis import trajectory
     from geolens.model.config import make_config
@@ -223,18 +224,24 @@ def test_the_llc_joins_the_precursors_where_checkpoints_are_dense_enough(tmp_pat
     training.train(cfg, tmp_path / "r", progress=False)
     run = load_run(tmp_path / "r")
     llc = {0: 1.0, 10: 3.0, 20: 6.0, 30: 9.0, 40: 7.0, 50: 5.0, 60: 4.0, 70: 3.5, 80: 3.0}  # peak at 30
+    passed = {"llc_stable": 1.0, "llc_rhat": 1.01}  # today's judge passed it
     monkeypatch.setattr(trajectory, "cached_metrics",
-                        lambda r, step, names: {"llc": {"llc": llc[step]}} if step in llc else {})
+                        lambda r, step, names: {"llc": {"llc": llc[step], **passed}} if step in llc else {})
     rows = prec.series_rows(run)
     assert [(int(r["epoch"]), r.get("llc")) for r in rows if "llc" in r] == sorted(llc.items())
     assert prec.run_events(run)["llc"] == 30
+    for verdict in ({"llc_stable": 1.0}, {}):  # the old rule's verdict (no llc_rhat), or none: no series
+        monkeypatch.setattr(trajectory, "cached_metrics",
+                            lambda r, step, names: {"llc": {"llc": llc[step], **verdict}} if step in llc else {})
+        assert all("llc" not in r for r in prec.series_rows(run)) and prec.run_events(run)["llc"] is None
     sparse = {k: v for k, v in llc.items() if k < 40}  # 4 checkpoints: too few
     monkeypatch.setattr(trajectory, "cached_metrics",
-                        lambda r, step, names: {"llc": {"llc": sparse[step]}} if step in sparse else {})
+                        lambda r, step, names: {"llc": {"llc": sparse[step], **passed}} if step in sparse else {})
     assert all("llc" not in r for r in prec.series_rows(run)) and prec.run_events(run)["llc"] is None
     # an estimate judged unstable is left out (here the largest: the peak moves), and so are estimates at a
     # setting fewer checkpoints share
-    judged = {k: {"llc": v, "llc_stable": 0.0 if k == 30 else 1.0, "llc_setting_lr": 1e-7} for k, v in llc.items()}
+    judged = {k: {"llc": v, "llc_stable": 0.0 if k == 30 else 1.0, "llc_rhat": 1.01, "llc_setting_lr": 1e-7}
+              for k, v in llc.items()}
     judged[80]["llc_setting_lr"] = 1e-5
     monkeypatch.setattr(trajectory, "cached_metrics",
                         lambda r, step, names: {"llc": judged[step]} if step in judged else {})
@@ -245,7 +252,7 @@ def test_the_llc_joins_the_precursors_where_checkpoints_are_dense_enough(tmp_pat
     # reached: 30), not one before the first fit (0)
     run.metrics = [{**r, "train_acc": 0.5 if int(r["epoch"]) in (0, 30) else 1.0} for r in run.metrics]
     monkeypatch.setattr(trajectory, "cached_metrics",
-                        lambda r, step, names: {"llc": {"llc": llc[step]}} if step in llc else {})
+                        lambda r, step, names: {"llc": {"llc": llc[step], **passed}} if step in llc else {})
     rows = prec.series_rows(run)
     assert [int(r["epoch"]) for r in rows if "llc" in r] == [0, 10, 20, 40, 50, 60, 70, 80]
     assert prec.run_events(run)["llc"] == 40

@@ -11,8 +11,8 @@ after `--burnin` steps (all at one SGLD setting: the llc_setting_* columns must 
 the onset, the epoch and its distance to the onset, the LLC with its standard deviation over chains, whether the
 chains were stable (llc.stable_word: llc.judge's verdict, with the drift factor where the row holds the
 sharpness; 'not judged: trace not kept (old rule: yes)' where it was recorded before judge read the whole trace;
-only stable estimates, llc.usable, enter the comparisons, which say how many of theirs the old rule alone passed:
-old_rule_note), the components' LLCs where estimated, the
+only estimates today's judge passed, llc.usable, enter the comparisons, which say how many the old rule alone
+passed and they left out: left_out_note), the components' LLCs where estimated, the
 sharpness, and the training loss and test accuracy there. When every run has the same number of stable
 estimates, successive ones are compared across runs (paired by seed; an unstable estimate's place taken by the
 next checkpoint estimated): in how many runs the LLC rose, and the exact two-sided Wilcoxon signed-rank test
@@ -93,15 +93,20 @@ def table(est: Estimates) -> str:
     return "\n".join(lines) + "\n"
 
 
-def old_rule_note(kept: list[dict[str, float]], what: str = "tests") -> str:
-    """A line saying how many of the estimates `kept` for a comparison (`what`: the tests, the landmarks) were passed
-    by the old rule alone (recorded before judge read the whole trace: no llc_rhat; their traces were not kept, so
-    today's judge has not passed them), empty when none was."""
-    old = sum("llc_rhat" not in v for v in kept)
+def left_out_note(values: list[dict[str, float]], what: str = "tests") -> str:
+    """A line saying how many of the estimates a comparison (`what`: the tests, the landmarks) draws from were passed
+    by the old rule alone (recorded before judge read the whole trace: llc_stable 1, no llc_rhat; their traces were
+    not kept, so today's judge has not passed them) and so left out (llc.usable), empty when none was."""
+    old = sum(v.get("llc_stable") == 1.0 and "llc_rhat" not in v for v in values)
     if not old:
         return ""
-    return (f"- {old} of the {len(kept)} estimates these {what} read were passed by the old rule alone (trace not "
-            f"kept): today's judge has not passed them, so the {what} describe the records, not judged estimates\n")
+    return (f"- {old} of the {len(values)} estimates were passed by the old rule alone (trace not kept): today's judge "
+            f"has not passed them, so the {what} leave them out (estimate them again to judge them)\n")
+
+
+def every_estimate(*ests: Estimates) -> list[dict[str, float]]:
+    """The estimates of every run of `ests`."""
+    return [v for est in ests for _, points in est.values() for v in points.values()]
 
 
 def along(est: Estimates) -> str:
@@ -111,8 +116,10 @@ def along(est: Estimates) -> str:
     (significance.paired_differ) with its Holm correction over the lines. Empty unless every run has the same
     number (>= 2) of stable estimates."""
     series = [[(e, points[e]) for e in sorted(points) if usable(points[e])] for _, points in est.values()]
+    note = left_out_note(every_estimate(est))
     if len({len(s) for s in series}) != 1 or len(series[0]) < 2:
-        return ""
+        return note and note + (f"- successive stable estimates: n/a ({', '.join(str(len(s)) for s in series)} per "
+                                "run; the test needs the same number, at least 2, in every run)\n")
 
     def epochs(k: int) -> str:
         lo, hi = min(s[k][0] for s in series), max(s[k][0] for s in series)
@@ -127,7 +134,6 @@ def along(est: Estimates) -> str:
                      f"{'rose' if up else 'fell'} in {rose if up else len(pairs) - rose} of {len(pairs)} runs")
         ps.append(paired_differ([a for a, _ in pairs], [b for _, b in pairs]))
     steps = f"{len(ps)} step{'s' * (len(ps) != 1)}"
-    note = old_rule_note([v for s in series for _, v in s])
     return note + "".join(f"{head}; p = {fmt_p(p)}, Holm {fmt_p(q)} over the {steps} (exact Wilcoxon signed-rank, "
                           f"two-sided, paired by seed)\n" for head, p, q in zip(heads, ps, holm(ps)))
 
@@ -144,7 +150,8 @@ def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> s
                        ("last stable estimate of each run", max)):
         chosen = {name: [p[pick(p)] for p in runs[name]] for name, _ in (a, b)}
         if not (chosen[a[0]] and chosen[b[0]]):
-            lines.append((f"- {what}: no estimates at {draws} draws for {a[0] if not chosen[a[0]] else b[0]}", None))
+            lines.append((f"- {what}: n/a, no stable estimates at {draws} draws for "
+                          f"{a[0] if not chosen[a[0]] else b[0]}", None))
             continue
         held = [c for c in components(a[1], b[1]) if all(f"llc_{c}" in v for vs in chosen.values() for v in vs)]
         for quantity, label in [("llc", ""), *((f"llc_{c}", f", {c}") for c in held)]:
@@ -155,9 +162,7 @@ def against(a: tuple[str, Estimates], b: tuple[str, Estimates], draws: int) -> s
                           smaller_than(vb, va)))
     ps = [p for _, p in lines]
     tested = sum(p is not None for p in ps)
-    kept = {id(v): v for name, _ in (a, b) for p in runs[name]
-            for v in (p[max(p, key=lambda e: p[e]["llc"])], p[max(p)])}  # every estimate the tests above read
-    note = old_rule_note(list(kept.values()))
+    note = left_out_note(every_estimate(a[1], b[1]))
     return note + "".join(f"{head}\n" if p is None else f"{head}, Holm {fmt_p(q)} over the {tested} tests of this list "
                           "(exact Mann-Whitney, one-sided)\n" for (head, p), q in zip(lines, holm(ps)))
 
@@ -193,8 +198,7 @@ def landmarks(est: Estimates) -> str:
         lines.append(f"| {seed} | {'-' if onset is None else f'{onset:,}'} | {len(epochs)} of {len(points)} | "
                      f"{at(epochs[top], onset, llcs[top])} | {at(event_epoch(epochs, llcs, 'peak'), onset)} | "
                      f"{at(fall, onset)} | {at(epochs[-1], onset, llcs[-1])} |")
-    series = [points[e] for _, points in est.values() for e in stable_series(points)[0]]
-    note = old_rule_note(series, "landmarks")
+    note = left_out_note(every_estimate(est), "landmarks")
     return "\n".join(lines) + "\n" + ("\n" + note if note else "")
 
 

@@ -319,11 +319,14 @@ def recorded_drift(values: dict[str, float]) -> float | None:
 
 
 def usable(values: dict[str, float]) -> bool:
-    """Whether a recorded estimate (a metrics row's llc values) may be used: judged stable (llc_stable 1), or not
-    judged (cached before llc_stable was recorded), and, where the row also holds the checkpoint's sharpness, its
-    drift factor below STABLE_DRIFT_FACTOR (recorded_drift; `geolens analyze` judges without it)."""
+    """Whether a recorded estimate (a metrics row's llc values) may be used: passed by today's judge (llc_stable 1
+    with llc_rhat beside it: judged on the whole trace) and, where the row also holds the checkpoint's sharpness, its
+    drift factor below STABLE_DRIFT_FACTOR (recorded_drift; `geolens analyze` judges without it). Not an estimate
+    recorded before judge read the whole trace (no llc_rhat: its trace was not kept, so it cannot be judged again;
+    stable_word 'not judged: trace not kept ...'), nor one never judged (no llc_stable)."""
     drift = recorded_drift(values)
-    return values.get("llc_stable", 1.0) == 1.0 and (drift is None or drift < STABLE_DRIFT_FACTOR)
+    judged = values.get("llc_stable") == 1.0 and "llc_rhat" in values
+    return judged and (drift is None or drift < STABLE_DRIFT_FACTOR)
 
 
 def stable_word(values: dict[str, float]) -> str:

@@ -105,8 +105,8 @@ MIN_CHECKPOINTS = 5
 
 def llc_series(run: Run) -> dict[int, float]:
     """{epoch: LLC} at the run's checkpoints from the analysis cache (valid for the checkpoint and the metric's
-    version): estimates judged stable or not judged (llc_stable absent: cached before it was recorded), outside the
-    training record's loss spikes (llc.loss_spikes: no minimum to measure), at the one SGLD setting most of them
+    version): estimates today's judge passed (llc.usable: not those recorded before it read the whole trace, nor
+    unjudged ones), outside the training record's loss spikes (llc.loss_spikes: no minimum to measure), at the one SGLD setting most of them
     share, since estimates at different settings are not comparable."""
     from geolens.analysis.llc import loss_spikes, usable
     from geolens.analysis.trajectory import cached_metrics
