@@ -4,7 +4,8 @@
 # be judged again here (its traces were not kept): it fails where a check of today's judge reads the record alone
 # (not positive; chance loss where the table holds the chains' loss; the drift factor wherever the row holds the
 # checkpoint's sharpness), marked '(trace not kept)', and reads 'not judged: trace not kept (old rule: ...)'
-# otherwise; comparisons say how many such estimates they read. Then refresh the docs' embedded tables.
+# otherwise; such estimates are not usable (llc.usable): the comparisons, landmarks and series figures leave them
+# out and say how many. Then refresh the docs' embedded tables.
 #     bash analyses/landscape/rejudge_tables.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -26,6 +27,6 @@ D=$R/llc_dense; A="$C --records $R/records/llc_dense"
 $PY analyses/landscape/llc_points.py $D/ln $A --against $D/fb > $D/ln_llc_points.md
 $PY analyses/landscape/llc_points.py $D/fb $A > $D/fb_llc_points.md
 for preset in ln fb; do
-    $PY analyses/landscape/llc_points.py $D/$preset $A --landmarks > $D/${preset}_landmarks.md
+    $PY analyses/landscape/llc_points.py $D/$preset $A --landmarks --figure $D > $D/${preset}_landmarks.md
 done
 $PY analyses/reproduction/embed_tables.py docs/landscape.md
