@@ -106,10 +106,11 @@ def main(argv=None) -> None:
     if args.child:
         child(args.child, args.steps, args.choose)
         return
+    from geolens.threads import cpu_cores
     from geolens.training.wait_policy import busy_cores
 
     engines = [e for e in args.engines.split(",") if e]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = len(cpu_cores())
     print(f"{cores} cores; load average at the start {os.getloadavg()[0]:.2f}; {args.rounds} round(s) of "
           f"{args.steps} steps, every setting quiet and beside one busy process")
     results: dict = {(e, s, loaded): [] for e in engines for s in SETTINGS for loaded in (False, True)}

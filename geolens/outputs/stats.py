@@ -43,8 +43,8 @@ def summarize(values: Sequence[float]) -> Summary:
 
 def onset_cell(runs: Sequence[tuple[int | None, int]]) -> str:
     """A table cell of seeds' onsets, runs = [(onset or None, last epoch)]: 'mean ± std (range min-max; n=k)' over
-    the seeds with an onset, and how many had none within their budget (their largest last epoch). The range, not
-    a bootstrap interval: at 3-5 seeds a percentile bootstrap interval is about the range and has no 95% coverage."""
+    the seeds with an onset, and how many had none within their budget (their largest last epoch). The range is
+    labelled as one: at 3-5 seeds it is no 95% interval (t_interval says what its coverage is)."""
     onsets = [o for o, _ in runs if o is not None]
     failed = len(runs) - len(onsets)
     fail = f"; {failed} without onset (budget {max(e for o, e in runs if o is None):,})" if failed else ""

@@ -39,6 +39,7 @@ from rich.text import Text
 from geolens.errors import GeoError
 from geolens.runs.runlock import RunLock
 from geolens.runs.storage import RunDir, atomic_write_json, read_json, read_metrics
+from geolens.threads import cpu_cores
 from geolens.sweeps.grid import (
     MIN_STACK,
     SWEEP_RECORD,
@@ -123,13 +124,6 @@ def execute(job_id: int, job: Job, send: Send) -> None:
 
 
 # ---- local backend: spawned worker processes ---------------------------------------------------
-def cpu_cores() -> list[int]:
-    """The cores this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
 def core_shares(cores: list[int], workers: int) -> list[list[int]]:
     """Worker i's cores: near-equal contiguous shares (one core each, reused, if there are more workers)."""
     if workers >= len(cores):

@@ -10,7 +10,6 @@ geolens.training.batched and the benchmarks.
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Callable
 
@@ -20,7 +19,7 @@ from torch import Tensor
 from geolens.errors import GeoError, warn
 from geolens.model.config import GeoConfig, training_warnings
 from geolens.model.engines import Engine, choose_engine
-from geolens.threads import torch_threads
+from geolens.threads import cpu_cores, torch_threads
 from geolens.training.resources import check_fits, is_out_of_memory, out_of_memory_error
 
 if TYPE_CHECKING:
@@ -78,7 +77,7 @@ def started_threads(header: dict) -> int | None:
 def training_threads(threads: int | None):
     """geolens.threads.torch_threads(threads), warning when the run's count exceeds the cores here: a resumed
     run keeps the count it started with, since the count sets the order of torch's sums."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = len(cpu_cores())
     if threads is not None and threads != torch.get_num_threads() and threads > cores:
         warn(f"training on {threads} torch threads, as the run started (the thread count sets its float order), "
              f"on {cores} core(s) here: slower than usual")

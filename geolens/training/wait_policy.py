@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+from geolens.threads import cpu_cores
+
 SAMPLE_S = 0.2  # how long the load is sampled before torch starts
 USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
@@ -40,9 +42,9 @@ def _cpu_times(cpus: set[int]) -> dict[int, tuple[int, int]] | None:
 
 
 def busy_cores(sample_s: float = SAMPLE_S) -> float | None:
-    """How many of this process's cores (os.sched_getaffinity) other processes keep busy, measured over
+    """How many of this process's cores (cpu_cores) other processes keep busy, measured over
     `sample_s` seconds while this one sleeps; None where /proc/stat is not available (not Linux)."""
-    cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cpus = set(cpu_cores())
     before = _cpu_times(cpus)
     if before is None:
         return None
@@ -56,8 +58,7 @@ def default_threads(environ=os.environ) -> int:
     try:
         return max(1, int(environ.get("OMP_NUM_THREADS", "")))
     except ValueError:
-        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-        return len(cores)
+        return len(cpu_cores())
 
 
 def contended(busy: float, cores: int, threads: int) -> bool:
@@ -74,7 +75,7 @@ def choose_wait_policy(environ=os.environ) -> str:
         return "torch was already imported: the wait policy is the one it started with"
     if any(v in environ for v in USER_VARIABLES):
         return "the wait policy set in the environment"
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = len(cpu_cores())
     threads = default_threads(environ)
     if threads < 2:
         return "one thread: nothing waits"
