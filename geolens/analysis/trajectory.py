@@ -39,6 +39,7 @@ from geolens.runs.run import Run
 from geolens.runs.runlock import RunLock
 from geolens.runs.storage import CorruptTensors, atomic_write_bytes, atomic_write_json, read_limited, tensors_header
 from geolens.training.progress_bar import LogLines, interactive
+from geolens.threads import cpu_cores
 
 ANALYSIS_DIR = "analysis"
 # fewer checkpoints to compute: in-process only. The caller computes while spawned workers import, so
@@ -274,7 +275,7 @@ def analyze_run(
 
     keys: resolve_keys choice for the key-frequency metrics (default: the final checkpoint's).
     workers: processes computing checkpoints, one thread each, the calling process included (it
-    computes while the workers-1 spawned ones start); None: os.cpu_count() when at least
+    computes while the workers-1 spawned ones start); None: one per core this process may use (cpu_cores) when at least
     AUTO_WORKERS_MIN_STEPS checkpoints need computing, else 1 (in-process only). Scripts that use
     workers need the `if __name__ == "__main__":` guard (the spawn start method).
     out: the analysis folder (default RUN/analysis; see analysis_folder).
@@ -313,7 +314,7 @@ def analyze_run(
     pinned = resolve_keys(run, keys, final["values"] if fresh("keyfreq_wl_fft", final) and "values" in final else None)
     jobs = {step: todo for step in chosen if (todo := [n for n in names if not fresh(n, entries[step].get(n))])}
     if workers is None:
-        workers = (os.cpu_count() or 1) if len(jobs) >= AUTO_WORKERS_MIN_STEPS else 1
+        workers = len(cpu_cores()) if len(jobs) >= AUTO_WORKERS_MIN_STEPS else 1
     workers = min(workers, len(jobs))
 
     live = progress and interactive()
