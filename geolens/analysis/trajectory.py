@@ -38,8 +38,8 @@ from geolens.errors import GeoError
 from geolens.runs.run import Run
 from geolens.runs.runlock import RunLock
 from geolens.runs.storage import CorruptTensors, atomic_write_bytes, atomic_write_json, read_limited, tensors_header
-from geolens.training.progress_bar import LogLines, interactive
 from geolens.threads import cpu_cores
+from geolens.training.progress_bar import LogLines, interactive
 
 ANALYSIS_DIR = "analysis"
 # fewer checkpoints to compute: in-process only. The caller computes while spawned workers import, so
